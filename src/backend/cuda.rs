@@ -1,0 +1,1 @@
+//! cuda backend (being written).

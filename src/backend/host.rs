@@ -1,0 +1,1 @@
+//! host backend (being written).

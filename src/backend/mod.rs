@@ -1,0 +1,132 @@
+//! Where device memory and ordering come from.
+//!
+//! The pool never calls CUDA: it talks to a [`Backend`]. Two implementations exist:
+//! - [`cuda`]: the CUDA driver API, loaded at run time (no link-time dependency on any
+//!   CUDA library), working in the calling thread's current context.
+//! - [`host`]: host memory with simulated streams and events whose completion a test (or a
+//!   replay) controls, so every pool test runs on a machine with no GPU.
+//!
+//! All handles cross this trait as plain integers so the pool stays free of CUDA types.
+
+pub mod cuda;
+pub mod driver;
+pub mod host;
+
+use crate::status::CupoolStatus;
+
+/// A device address handed out by a backend (a `CUdeviceptr` for CUDA).
+pub type DevicePtr = u64;
+
+/// The raw value of a `CUstream` handle as the caller passed it (0 is the legacy default
+/// stream, 2 the per-thread default stream). Handles can be reused after a stream is
+/// destroyed, so the pool keys streams by [`StreamId`], never by handle.
+pub type StreamHandle = usize;
+
+/// The identity of a context (for CUDA the `CUcontext` pointer value). Blocks never move
+/// between contexts.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ContextId(pub u64);
+
+/// A context together with the device it lives on.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct ContextInfo {
+    pub id: ContextId,
+    /// Device ordinal, as `cudaSetDevice` counts it.
+    pub device: i32,
+}
+
+/// A stream's unique, never reused identity (`cuStreamGetId` for CUDA).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u64);
+
+/// An event recorded by the backend; opaque to the pool.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct EventHandle(pub u64);
+
+/// Why a backend call failed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum BackendError {
+    /// The device has no room for the request (`CUDA_ERROR_OUT_OF_MEMORY`).
+    OutOfMemory,
+    /// The backend cannot work at all (no driver library, no device, init failed).
+    Unavailable,
+    /// The driver is shutting down (`CUDA_ERROR_DEINITIALIZED`): no more CUDA calls.
+    ShuttingDown,
+    /// A stream capture is in progress and the call would invalidate it.
+    Capturing,
+    /// The argument was rejected by the driver (`CUDA_ERROR_INVALID_VALUE`/`_HANDLE`).
+    InvalidValue,
+    /// Any other driver error, with its `CUresult` code.
+    Driver(u32),
+}
+
+impl From<BackendError> for CupoolStatus {
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::OutOfMemory => CupoolStatus::CupoolErrorOutOfMemory,
+            BackendError::Unavailable => CupoolStatus::CupoolErrorBackendUnavailable,
+            BackendError::ShuttingDown => CupoolStatus::CupoolErrorBackendUnavailable,
+            BackendError::Capturing => CupoolStatus::CupoolErrorStreamCapture,
+            BackendError::InvalidValue => CupoolStatus::CupoolErrorInvalidValue,
+            BackendError::Driver(_) => CupoolStatus::CupoolErrorCuda,
+        }
+    }
+}
+
+pub type BackendResult<T> = core::result::Result<T, BackendError>;
+
+/// The source of device memory, streams and events for one process.
+///
+/// Threading: every method may be called from any thread, concurrently. Methods that take a
+/// [`ContextId`] make that context current for the duration of the call when the calling
+/// thread has another one current (the pool may release memory of device 1 from a thread
+/// working on device 0).
+///
+/// No method may call back into the pool.
+pub trait Backend: Send + Sync + 'static {
+    /// Short name for logs and stats ("cuda", "host").
+    fn name(&self) -> &'static str;
+
+    /// The calling thread's current context; when it has none, the primary context of
+    /// device 0 is retained and made current, as the CUDA runtime does on first use.
+    /// Called on every allocation: must be cheap (a thread-local read in the driver).
+    fn current_context(&self) -> BackendResult<ContextInfo>;
+
+    /// The context of `device`'s primary context (retained on first use), for calls that
+    /// name a device rather than run in the current context.
+    fn device_context(&self, device: i32) -> BackendResult<ContextInfo>;
+
+    /// Number of devices the backend can see.
+    fn device_count(&self) -> BackendResult<i32>;
+
+    /// The unique id of `stream` (which belongs to the current context).
+    fn stream_id(&self, stream: StreamHandle) -> BackendResult<StreamId>;
+
+    /// Allocates `bytes` of device memory in `ctx`.
+    fn allocate(&self, ctx: ContextId, bytes: u64) -> BackendResult<DevicePtr>;
+
+    /// Gives an allocation made by [`Backend::allocate`] back to the driver.
+    fn release(&self, ctx: ContextId, ptr: DevicePtr, bytes: u64) -> BackendResult<()>;
+
+    /// Records an event on `stream`: it completes when all work submitted to `stream`
+    /// before this call has completed.
+    fn record_stream_event(&self, ctx: ContextId, stream: StreamHandle) -> BackendResult<EventHandle>;
+
+    /// Records a context fence: it completes when all work submitted to any stream of `ctx`
+    /// before this call has completed (`cuCtxRecordEvent`). Fails with
+    /// [`BackendError::Capturing`] instead of invalidating a capture when the backend can
+    /// tell one is in progress.
+    fn record_context_fence(&self, ctx: ContextId) -> BackendResult<EventHandle>;
+
+    /// Whether the event has completed (`cuEventQuery`). Never blocks.
+    fn event_completed(&self, ctx: ContextId, event: EventHandle) -> BackendResult<bool>;
+
+    /// Blocks until the event has completed (`cuEventSynchronize`).
+    fn wait_event(&self, ctx: ContextId, event: EventHandle) -> BackendResult<()>;
+
+    /// Returns an event the pool no longer needs (the backend may reuse it).
+    fn recycle_event(&self, ctx: ContextId, event: EventHandle);
+
+    /// `(free, total)` bytes of the device behind `ctx`, as the driver reports them.
+    fn memory_info(&self, ctx: ContextId) -> BackendResult<(u64, u64)>;
+}

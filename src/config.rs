@@ -1,0 +1,378 @@
+//! Configuration: one table of option descriptors, read once from `CUPOOL_CONF` and
+//! settable at run time with `cupool_config_set`.
+//!
+//! `CUPOOL_CONF="key:value,key:value"`. An unknown key or a bad value prints one clear
+//! line on stderr and keeps the default, so a typo never stops a program. Values are kept
+//! in atomics: the pool reads them with relaxed loads, and a change takes effect on the
+//! next operation that looks at it. The README's table is checked against [`OPTIONS`] by a
+//! test.
+
+use crate::status::{CupoolStatus, Result};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+/// How a value is written and parsed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ValueKind {
+    /// `true`/`false`/`1`/`0`/`yes`/`no`/`on`/`off`.
+    Bool,
+    /// Bytes, with an optional `K`, `M`, `G` or `T` suffix (powers of 1024), or `KiB` etc.
+    Bytes,
+    /// A plain non-negative integer.
+    Count,
+    /// One of a fixed set of words.
+    Choice(&'static [&'static str]),
+}
+
+/// One option: its key, default, kind and the sentence the README shows.
+pub struct OptionDesc {
+    pub key: &'static str,
+    pub default: &'static str,
+    pub kind: ValueKind,
+    pub doc: &'static str,
+    /// Whether the option can still change once the pool has started.
+    pub runtime: bool,
+}
+
+/// Index of each option in [`OPTIONS`] and [`VALUES`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Key {
+    Backend = 0,
+    MemoryLimit,
+    ThreadCache,
+    ThreadCacheBytes,
+    ThreadCacheMaxBlock,
+    SmallSegment,
+    LargeSegment,
+    FenceBatch,
+    HostAutoComplete,
+    Verbose,
+}
+
+pub const BACKENDS: &[&str] = &["cuda", "host"];
+
+pub static OPTIONS: [OptionDesc; 10] = [
+    OptionDesc {
+        key: "backend",
+        default: "cuda",
+        kind: ValueKind::Choice(BACKENDS),
+        doc: "Where memory comes from: `cuda` (the GPU, through the driver) or `host` (host memory with simulated streams, for machines without a GPU). Fixed at first use.",
+        runtime: false,
+    },
+    OptionDesc {
+        key: "memory_limit",
+        default: "0",
+        kind: ValueKind::Bytes,
+        doc: "Most bytes the pool may reserve on each device; 0 means no limit. An allocation that would pass it fails with out-of-memory after releasing idle cache.",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "thread_cache",
+        default: "true",
+        kind: ValueKind::Bool,
+        doc: "Keep recently freed blocks per thread and stream, so a same-stream reuse takes no lock.",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "thread_cache_bytes",
+        default: "256M",
+        kind: ValueKind::Bytes,
+        doc: "Most bytes one thread's cache may hold; beyond it, freed blocks go back to the shared pool.",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "thread_cache_max_block",
+        default: "64M",
+        kind: ValueKind::Bytes,
+        doc: "Largest block a thread cache keeps.",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "small_segment",
+        default: "2M",
+        kind: ValueKind::Bytes,
+        doc: "Size of the segments that blocks of 1 MiB and less are carved from.",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "large_segment",
+        default: "20M",
+        kind: ValueKind::Bytes,
+        doc: "Size of the segments that blocks above 1 MiB and up to half of it are carved from; larger requests get a segment of their own (rounded to 2 MiB).",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "fence_batch",
+        default: "64",
+        kind: ValueKind::Count,
+        doc: "Streamless frees collected before one context fence is recorded for them (a miss fences at once).",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "host_auto_complete",
+        default: "true",
+        kind: ValueKind::Bool,
+        doc: "Host backend only: events complete as soon as they are recorded (tests turn this off to hold work in flight).",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "verbose",
+        default: "false",
+        kind: ValueKind::Bool,
+        doc: "Print the resolved configuration on stderr at first use.",
+        runtime: true,
+    },
+];
+
+/// The current value of every option, encoded as u64 (bools 0/1, choices by index).
+static VALUES: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
+static LOADED: AtomicBool = AtomicBool::new(false);
+static LOADING: spin::Mutex<()> = spin::Mutex::new(());
+/// Set once the pool has started: options with `runtime: false` are frozen then.
+static FROZEN: AtomicBool = AtomicBool::new(false);
+
+fn parse_bool(v: &str) -> Option<u64> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(1),
+        "0" | "false" | "no" | "off" => Some(0),
+        _ => None,
+    }
+}
+
+/// Parses `123`, `64K`, `2M`, `1.5G`, `8GiB`, `512B` into bytes.
+pub fn parse_bytes(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let lower = v.to_ascii_lowercase();
+    let digits_end = lower
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(lower.len());
+    let (num, unit) = lower.split_at(digits_end);
+    let mult: u64 = match unit.trim() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    if num.is_empty() {
+        return None;
+    }
+    if num.contains('.') {
+        let f: f64 = num.parse().ok()?;
+        let bytes = f * mult as f64;
+        if !(0.0..1.8e19).contains(&bytes) {
+            return None;
+        }
+        Some(bytes as u64)
+    } else {
+        num.parse::<u64>().ok()?.checked_mul(mult)
+    }
+}
+
+fn parse(kind: ValueKind, v: &str) -> Option<u64> {
+    let v = v.trim();
+    match kind {
+        ValueKind::Bool => parse_bool(v),
+        ValueKind::Bytes => parse_bytes(v),
+        ValueKind::Count => v.parse::<u64>().ok(),
+        ValueKind::Choice(words) => words
+            .iter()
+            .position(|w| w.eq_ignore_ascii_case(v))
+            .map(|i| i as u64),
+    }
+}
+
+fn describe(kind: ValueKind) -> String {
+    match kind {
+        ValueKind::Bool => "true or false".to_string(),
+        ValueKind::Bytes => "a byte count such as 512, 64K, 2M or 8G".to_string(),
+        ValueKind::Count => "a non-negative integer".to_string(),
+        ValueKind::Choice(words) => format!("one of {}", words.join(", ")),
+    }
+}
+
+fn find(key: &str) -> Option<usize> {
+    OPTIONS.iter().position(|o| o.key == key.trim())
+}
+
+fn warn(msg: &str) {
+    crate::log::error(msg);
+}
+
+/// Reads `CUPOOL_CONF` once (idempotent, cheap after the first call).
+pub fn ensure_loaded() {
+    if LOADED.load(core::sync::atomic::Ordering::Acquire) {
+        return;
+    }
+    let _guard = LOADING.lock();
+    if LOADED.load(Relaxed) {
+        return;
+    }
+    for (i, o) in OPTIONS.iter().enumerate() {
+        let v = parse(o.kind, o.default).unwrap_or(0);
+        VALUES[i].store(v, Relaxed);
+    }
+    if let Ok(conf) = std::env::var("CUPOOL_CONF") {
+        apply_string(&conf, "CUPOOL_CONF");
+    }
+    LOADED.store(true, core::sync::atomic::Ordering::Release);
+    if get_bool(Key::Verbose) {
+        crate::log::always(&format!("cupool: configuration\n{}", describe_all()));
+    }
+}
+
+/// Applies `key:value,key:value`; bad entries are reported and skipped. Returns how many
+/// entries were rejected.
+pub fn apply_string(conf: &str, source: &str) -> usize {
+    let mut rejected = 0;
+    for entry in conf.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((k, v)) = entry.split_once(':').or_else(|| entry.split_once('=')) else {
+            warn(&format!(
+                "cupool: {source}: entry '{entry}' is not key:value; ignored"
+            ));
+            rejected += 1;
+            continue;
+        };
+        if let Err(e) = set_inner(k, v, source) {
+            let _ = e;
+            rejected += 1;
+        }
+    }
+    rejected
+}
+
+fn set_inner(key: &str, value: &str, source: &str) -> Result<()> {
+    let Some(i) = find(key) else {
+        let known: Vec<&str> = OPTIONS.iter().map(|o| o.key).collect();
+        warn(&format!(
+            "cupool: {source}: unknown key '{}' (known keys: {}); ignored",
+            key.trim(),
+            known.join(", ")
+        ));
+        return Err(CupoolStatus::CupoolErrorUnknownConfigKey);
+    };
+    let o = &OPTIONS[i];
+    let Some(v) = parse(o.kind, value) else {
+        warn(&format!(
+            "cupool: {source}: bad value '{}' for '{}' (expected {}); keeping {}",
+            value.trim(),
+            o.key,
+            describe(o.kind),
+            format_value(i)
+        ));
+        return Err(CupoolStatus::CupoolErrorInvalidConfigValue);
+    };
+    if !o.runtime && FROZEN.load(Relaxed) && VALUES[i].load(Relaxed) != v {
+        warn(&format!(
+            "cupool: {source}: '{}' can only be set before the pool's first use; keeping {}",
+            o.key,
+            format_value(i)
+        ));
+        return Err(CupoolStatus::CupoolErrorInvalidConfigValue);
+    }
+    VALUES[i].store(v, Relaxed);
+    Ok(())
+}
+
+/// Sets one option at run time (`cupool_config_set`).
+pub fn set(key: &str, value: &str) -> Result<()> {
+    ensure_loaded();
+    set_inner(key, value, "cupool_config_set")
+}
+
+/// Freezes the options that cannot change once the pool has started.
+pub fn freeze() {
+    FROZEN.store(true, Relaxed);
+}
+
+pub fn get(key: Key) -> u64 {
+    ensure_loaded();
+    VALUES[key as usize].load(Relaxed)
+}
+
+pub fn get_bool(key: Key) -> bool {
+    get(key) != 0
+}
+
+/// The value of `key` as text, for `cupool_config_get` and verbose output.
+pub fn get_text(key: &str) -> Result<String> {
+    ensure_loaded();
+    let i = find(key).ok_or(CupoolStatus::CupoolErrorUnknownConfigKey)?;
+    Ok(format_value(i))
+}
+
+fn format_value(i: usize) -> String {
+    let v = VALUES[i].load(Relaxed);
+    match OPTIONS[i].kind {
+        ValueKind::Bool => (if v != 0 { "true" } else { "false" }).to_string(),
+        ValueKind::Bytes | ValueKind::Count => v.to_string(),
+        ValueKind::Choice(words) => words.get(v as usize).unwrap_or(&"?").to_string(),
+    }
+}
+
+/// `key = value` lines for every option.
+pub fn describe_all() -> String {
+    let mut s = String::new();
+    for (i, o) in OPTIONS.iter().enumerate() {
+        s.push_str(&format!("  {:<24} {}\n", o.key, format_value(i)));
+    }
+    s
+}
+
+/// Restores every default (tests only; the pool must not be running).
+#[doc(hidden)]
+pub fn reset_to_defaults_for_tests() {
+    ensure_loaded();
+    for (i, o) in OPTIONS.iter().enumerate() {
+        VALUES[i].store(parse(o.kind, o.default).unwrap_or(0), Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_parse_with_suffixes() {
+        assert_eq!(parse_bytes("512"), Some(512));
+        assert_eq!(parse_bytes("64K"), Some(64 << 10));
+        assert_eq!(parse_bytes("2m"), Some(2 << 20));
+        assert_eq!(parse_bytes("8GiB"), Some(8 << 30));
+        assert_eq!(parse_bytes("1.5G"), Some(3 << 29));
+        assert_eq!(parse_bytes("G"), None);
+        assert_eq!(parse_bytes("12Q"), None);
+        assert_eq!(parse_bytes("-1"), None);
+        assert_eq!(parse_bytes("99999999999999999999T"), None);
+    }
+
+    #[test]
+    fn every_default_parses() {
+        for o in OPTIONS.iter() {
+            assert!(parse(o.kind, o.default).is_some(), "{}", o.key);
+        }
+    }
+
+    #[test]
+    fn key_enum_matches_table() {
+        assert_eq!(OPTIONS[Key::Backend as usize].key, "backend");
+        assert_eq!(OPTIONS[Key::Verbose as usize].key, "verbose");
+        assert_eq!(OPTIONS.len(), Key::Verbose as usize + 1);
+    }
+
+    #[test]
+    fn bad_entries_are_rejected_and_defaults_kept() {
+        ensure_loaded();
+        let before = get(Key::FenceBatch);
+        assert_eq!(apply_string("nonsense_key:1,fence_batch:abc,novalue", "test"), 3);
+        assert_eq!(get(Key::FenceBatch), before);
+        assert_eq!(
+            set("fence_batch", "x"),
+            Err(CupoolStatus::CupoolErrorInvalidConfigValue)
+        );
+        assert_eq!(
+            set("no_such", "1"),
+            Err(CupoolStatus::CupoolErrorUnknownConfigKey)
+        );
+    }
+}

@@ -1,0 +1,1 @@
+//! The C boundary (being written).

@@ -45,7 +45,7 @@ fn gpa(fake: &FakeCuda, name: &CStr, version: c_int, flags: u64) -> (c_int, *mut
     // SAFETY: the fake's cuGetProcAddress_v2 has this signature.
     let f: GetProcAddressV2 =
         unsafe { core::mem::transmute(fake_symbol(fake, c"cuGetProcAddress_v2")) };
-    let mut pfn = 1usize as *mut c_void;
+    let mut pfn = core::ptr::dangling_mut::<c_void>();
     let mut status = -1;
     // SAFETY: valid out-pointers.
     let rc = unsafe { f(name.as_ptr(), &mut pfn, version, flags, &mut status) };

@@ -21,7 +21,8 @@
  *   2 MiB or more). Each device has a budget (FAKE_CUDA_TOTAL_BYTES, default 1 GiB):
  *   an allocation that would pass it fails with CUDA_ERROR_OUT_OF_MEMORY (2).
  *   cuMemFree_v2 of a pointer that is not the base of a live device/managed allocation
- *   (interior pointers included) fails with CUDA_ERROR_INVALID_VALUE (1).
+ *   (interior pointers included) fails with CUDA_ERROR_INVALID_VALUE (1); of NULL succeeds
+ *   (like every memory call, once cuInit ran and with a context current).
  * - Events complete when queried FAKE_CUDA_EVENT_LATENCY+1 times (default 0: at once) or
  *   when synchronized (cuEventSynchronize, cuStreamSynchronize of their stream,
  *   cuCtxSynchronize).

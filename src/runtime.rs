@@ -215,8 +215,12 @@ impl Runtime {
     /// Takes a block back from the program: its record, or why not.
     #[inline]
     fn take_back(ptr: DevicePtr) -> Result<(crate::pool::block::BlockIdx, &'static DevicePool)> {
-        let idx = ADDRESSES.get(ptr).ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
-        let b = BLOCKS.try_get(idx).ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
+        let idx = ADDRESSES
+            .get(ptr)
+            .ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
+        let b = BLOCKS
+            .try_get(idx)
+            .ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
         match b.try_take_back(ptr) {
             TakeBack::Taken => {}
             TakeBack::AlreadyFree => return Err(CupoolStatus::CupoolErrorDoubleFree),

@@ -84,9 +84,16 @@ fn single_writer_counters_sum_exactly() {
         });
         let _ = shared.raise(Level::Cached, 1, 0);
         let seen = a.level(Level::Allocated);
-        assert!([0, 512, 1024].contains(&seen), "torn or invented value {seen}");
+        assert!(
+            [0, 512, 1024].contains(&seen),
+            "torn or invented value {seen}"
+        );
         owner.join().unwrap();
         assert_eq!(a.level(Level::Allocated), 1024);
-        assert_eq!(shared.level(Level::Cached), 2, "the shared record's RMWs do not lose updates");
+        assert_eq!(
+            shared.level(Level::Cached),
+            2,
+            "the shared record's RMWs do not lose updates"
+        );
     });
 }

@@ -78,10 +78,9 @@ enum Linkage {
     Static,
 }
 
-/// Compiles `tests/c/<name>.c` against the library; returns the executable.
-fn compile(name: &str, linkage: Linkage) -> PathBuf {
+/// Compiles `source` against the library; returns the executable.
+fn compile(source: &Path, name: &str, linkage: Linkage) -> PathBuf {
     let art = artifacts();
-    let source = manifest_dir().join("tests/c").join(format!("{name}.c"));
     let exe = art
         .c_out_dir
         .join(format!("{name}-{linkage:?}").to_lowercase());
@@ -98,7 +97,7 @@ fn compile(name: &str, linkage: Linkage) -> PathBuf {
         "-fno-omit-frame-pointer",
     ])
     .arg(format!("-I{}", manifest_dir().join("include").display()))
-    .arg(&source)
+    .arg(source)
     .arg("-o")
     .arg(&exe);
     match linkage {
@@ -150,11 +149,12 @@ fn run(exe: &Path, conf: Option<&str>, detect_leaks: bool) -> Output {
     cmd.output().expect("run C test program")
 }
 
-/// Compiles and runs `name` both ways; returns the shared build's stdout.
+/// Compiles and runs `tests/c/<name>.c` both ways; returns the shared build's stdout.
 fn run_c_test(name: &str, conf: Option<&str>) -> String {
+    let source = manifest_dir().join("tests/c").join(format!("{name}.c"));
     let mut first_stdout = None;
     for linkage in [Linkage::Shared, Linkage::Static] {
-        let exe = compile(name, linkage);
+        let exe = compile(&source, name, linkage);
         let mut out = run(&exe, conf, true);
         if lsan_unavailable(&out) {
             eprintln!(
@@ -221,4 +221,39 @@ fn cuda_header_and_cupool_header_compile_together() {
 #[test]
 fn cuda_backend_without_driver_is_unavailable() {
     run_c_test("no_backend", None);
+}
+
+#[test]
+fn example_picks_the_host_backend_without_a_gpu() {
+    if Path::new("/dev/nvidiactl").exists() {
+        eprintln!("skipped: this machine may have a GPU; the example would run on it");
+        return;
+    }
+    let source = manifest_dir().join("examples/streams.c");
+    let exe = compile(&source, "example-streams", Linkage::Shared);
+    let mut out = run(&exe, None, true);
+    if lsan_unavailable(&out) {
+        out = run(&exe, None, false);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "example failed with {}\n--- stdout\n{stdout}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("no GPU found: running on the host backend"),
+        "{stdout}"
+    );
+    let released: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("empty_cache released "))
+        .and_then(|rest| rest.strip_suffix(" bytes"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no 'empty_cache released N bytes' line in:\n{stdout}"));
+    assert!(
+        released > 0,
+        "the example freed everything, so emptying must release memory"
+    );
 }

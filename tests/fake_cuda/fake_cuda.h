@@ -1,0 +1,54 @@
+/*
+ * Control and observation API of the fake libcuda test double (fake_libcuda.c).
+ *
+ * TEST DOUBLE: the library built from fake_libcuda.c is NOT CUDA. It mimics a small part
+ * of the CUDA driver API over host memory so cupool's backend and LD_PRELOAD interposer can
+ * be tested on machines with no GPU. The functions below exist only in the fake.
+ */
+#ifndef FAKE_CUDA_H
+#define FAKE_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Counts since load (or the last fake_cuda_reset_counters), except live_bytes which is
+ * the current total of live device allocations (cuMemAlloc_v2, cuMemAllocAsync*,
+ * cuMemAllocManaged) over all fake devices. Fields are only ever appended. */
+struct fake_cuda_counters {
+    uint64_t mem_alloc;        /* successful device allocations (sync, async, managed) */
+    uint64_t mem_free;         /* successful frees of a non-NULL pointer (sync, async) */
+    uint64_t mem_free_errors;  /* frees that failed (unknown or interior pointer, capture) */
+    uint64_t event_record;     /* successful cuEventRecord */
+    uint64_t ctx_record_event; /* successful cuCtxRecordEvent */
+    uint64_t event_query;      /* cuEventQuery calls, whatever their result */
+    uint64_t event_sync;       /* cuEventSynchronize calls */
+    uint64_t gpa_queries;      /* cuGetProcAddress and cuGetProcAddress_v2 calls */
+    uint64_t live_bytes;       /* bytes of live device allocations (not reset) */
+    uint64_t mem_alloc_errors; /* device allocations that failed (OOM, injected, capture) */
+    uint64_t ctx_record_event_errors; /* cuCtxRecordEvent refused (capture) */
+    uint64_t stream_sync;      /* cuStreamSynchronize calls */
+    uint64_t ctx_sync;         /* cuCtxSynchronize calls */
+};
+
+/* Copies the counters to *out (out may not be NULL). */
+void fake_cuda_counters(struct fake_cuda_counters *out);
+/* Zeroes every counter except live_bytes. */
+void fake_cuda_reset_counters(void);
+/* Sets the per-device memory budget (FAKE_CUDA_TOTAL_BYTES at load; default 1 GiB). */
+void fake_cuda_set_total_bytes(size_t total);
+/* Sets how many cuEventQuery calls report CUDA_ERROR_NOT_READY for each event recorded
+ * from now on (FAKE_CUDA_EVENT_LATENCY at load; default 0). */
+void fake_cuda_set_event_latency(int queries);
+/* Makes the next device allocation fail with `code` (a CUresult) without allocating;
+ * 0 cancels a pending injection. */
+void fake_cuda_fail_next_alloc(int code);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FAKE_CUDA_H */

@@ -1,0 +1,200 @@
+//! Test support: builds and drives the fake `libcuda.so.1` (a TEST DOUBLE of the CUDA driver,
+//! see `fake_libcuda.c`), so driver-level code can be tested with no GPU.
+//!
+//! Use from an integration test with
+//! `#[path = "fake_cuda/mod.rs"] mod fake_cuda;`, call [`build_fake_libcuda`] and run the code
+//! under test in a child process whose `LD_LIBRARY_PATH` starts with the returned directory
+//! (the dynamic loader reads `LD_LIBRARY_PATH` once, at process start). Inside that child,
+//! [`FakeCuda::loaded`] reaches the fake's control functions (counters, fault injection).
+#![allow(dead_code)]
+
+use std::ffi::{c_int, c_void, CStr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// The C source of the fake driver.
+pub const FAKE_LIBCUDA_SOURCE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fake_cuda/fake_libcuda.c"
+);
+
+/// Compiles the fake driver (once per test binary) and returns the directory holding
+/// `libcuda.so.1`, to put first in a child's `LD_LIBRARY_PATH`.
+///
+/// Panics when the C compiler fails (a test-setup failure, with the compiler's output).
+pub fn build_fake_libcuda() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(compile).clone()
+}
+
+fn compile() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake_cuda");
+    std::fs::create_dir_all(&dir).expect("create the fake libcuda directory");
+    // Several test binaries may build at once: each compiles to its own temporary name and
+    // renames it into place, which is atomic, so a loader never sees a half-written file.
+    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        "libcuda.so.1.{}.{}.tmp",
+        std::process::id(),
+        SEQUENCE.fetch_add(1, Ordering::Relaxed)
+    ));
+    let include = Path::new(FAKE_LIBCUDA_SOURCE)
+        .parent()
+        .expect("source has a directory");
+    let output = Command::new("cc")
+        .args([
+            "-shared", "-fPIC", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread",
+        ])
+        .arg("-I")
+        .arg(include)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(FAKE_LIBCUDA_SOURCE)
+        .output()
+        .expect("run cc to build the fake libcuda");
+    assert!(
+        output.status.success(),
+        "building the fake libcuda failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::rename(&tmp, dir.join("libcuda.so.1")).expect("move the fake libcuda into place");
+    dir
+}
+
+/// Mirror of `struct fake_cuda_counters` (fake_cuda.h).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct FakeCudaCounters {
+    pub mem_alloc: u64,
+    pub mem_free: u64,
+    pub mem_free_errors: u64,
+    pub event_record: u64,
+    pub ctx_record_event: u64,
+    pub event_query: u64,
+    pub event_sync: u64,
+    pub gpa_queries: u64,
+    pub live_bytes: u64,
+    pub mem_alloc_errors: u64,
+    pub ctx_record_event_errors: u64,
+    pub stream_sync: u64,
+    pub ctx_sync: u64,
+}
+
+/// The fake's control functions, as loaded in the current process.
+#[derive(Copy, Clone)]
+pub struct FakeCuda {
+    handle: *mut c_void,
+    counters: unsafe extern "C" fn(*mut FakeCudaCounters),
+    reset_counters: unsafe extern "C" fn(),
+    set_total_bytes: unsafe extern "C" fn(usize),
+    set_event_latency: unsafe extern "C" fn(c_int),
+    fail_next_alloc: unsafe extern "C" fn(c_int),
+}
+
+impl FakeCuda {
+    /// The fake as this process's dynamic loader finds `libcuda.so.1` (loading it if
+    /// needed); `None` when that library is not the fake (or is absent).
+    // Each transmute's target is the field's declared type.
+    #[allow(clippy::missing_transmute_annotations)]
+    pub fn loaded() -> Option<FakeCuda> {
+        // SAFETY: plain dlopen/dlsym calls with NUL-terminated names; the symbols, when
+        // present, have the signatures declared in fake_cuda.h.
+        unsafe {
+            let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+            if handle.is_null() {
+                return None;
+            }
+            let sym = |name: &CStr| {
+                let p = libc::dlsym(handle, name.as_ptr());
+                (!p.is_null()).then_some(p)
+            };
+            Some(FakeCuda {
+                handle,
+                counters: core::mem::transmute::<*mut c_void, _>(sym(c"fake_cuda_counters")?),
+                reset_counters: core::mem::transmute::<*mut c_void, _>(sym(
+                    c"fake_cuda_reset_counters",
+                )?),
+                set_total_bytes: core::mem::transmute::<*mut c_void, _>(sym(
+                    c"fake_cuda_set_total_bytes",
+                )?),
+                set_event_latency: core::mem::transmute::<*mut c_void, _>(sym(
+                    c"fake_cuda_set_event_latency",
+                )?),
+                fail_next_alloc: core::mem::transmute::<*mut c_void, _>(sym(
+                    c"fake_cuda_fail_next_alloc",
+                )?),
+            })
+        }
+    }
+
+    /// The `dlopen` handle of the fake, for looking up its CUDA entry points.
+    pub fn handle(&self) -> *mut c_void {
+        self.handle
+    }
+
+    pub fn counters(&self) -> FakeCudaCounters {
+        let mut c = FakeCudaCounters::default();
+        // SAFETY: the fake writes one whole struct through a valid pointer.
+        unsafe { (self.counters)(&mut c) };
+        c
+    }
+
+    pub fn reset_counters(&self) {
+        // SAFETY: no arguments; the fake locks its own state.
+        unsafe { (self.reset_counters)() }
+    }
+
+    pub fn set_total_bytes(&self, total: usize) {
+        // SAFETY: plain value argument.
+        unsafe { (self.set_total_bytes)(total) }
+    }
+
+    pub fn set_event_latency(&self, queries: i32) {
+        // SAFETY: plain value argument.
+        unsafe { (self.set_event_latency)(queries) }
+    }
+
+    /// Makes the next device allocation fail with CUresult `code` (0 cancels).
+    pub fn fail_next_alloc(&self, code: i32) {
+        // SAFETY: plain value argument.
+        unsafe { (self.fail_next_alloc)(code) }
+    }
+}
+
+/// Runs the test named `test_name` of the current test binary in a child process with
+/// `LD_LIBRARY_PATH=lib_dir` (no fake when `None`: an empty path), the extra `env`, and
+/// `CUPOOL_TEST_CHILD=1`; returns the child's exit status and its combined output.
+pub fn run_child(
+    test_name: &str,
+    lib_dir: Option<&Path>,
+    env: &[(&str, &str)],
+) -> (std::process::ExitStatus, String) {
+    let exe = std::env::current_exe().expect("current test binary");
+    let mut cmd = Command::new(exe);
+    cmd.args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("CUPOOL_TEST_CHILD", "1")
+        .env(
+            "LD_LIBRARY_PATH",
+            lib_dir
+                .map(|d| d.as_os_str().to_owned())
+                .unwrap_or_default(),
+        );
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("spawn the child test process");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, text)
+}
+
+/// Whether this process is a child started by [`run_child`].
+pub fn is_child() -> bool {
+    std::env::var_os("CUPOOL_TEST_CHILD").is_some()
+}

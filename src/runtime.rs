@@ -65,9 +65,36 @@ pub fn runtime_if_started() -> Option<&'static Runtime> {
     }
 }
 
+/// `CUPOOL_STATS_AT_EXIT=1`: a one-screen summary on stderr when the process exits.
+/// Counters only: no CUDA call (the driver may already be gone), one `write(2)`.
+extern "C" fn print_stats_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(rt) = runtime_if_started() else {
+            return;
+        };
+        let Ok(s) = rt.stats(None) else { return };
+        let mut text = format!(
+            "cupool: statistics at exit (backend {}, all devices)\n",
+            rt.backend.name()
+        );
+        text.push_str(&s.to_text());
+        crate::log::write_stderr(text.as_bytes());
+    });
+}
+
+fn stats_at_exit_requested() -> bool {
+    std::env::var("CUPOOL_STATS_AT_EXIT")
+        .map(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"))
+        .unwrap_or(false)
+}
+
 fn start() -> core::result::Result<Runtime, CupoolStatus> {
     config::ensure_loaded();
     config::freeze();
+    if stats_at_exit_requested() {
+        // SAFETY: registering a plain extern "C" function.
+        unsafe { libc::atexit(print_stats_at_exit) };
+    }
     let backend_name = config::BACKENDS
         .get(config::get(Key::Backend) as usize)
         .copied()

@@ -7,7 +7,7 @@
 pub enum CupoolStatus {
     /// The call did what it was asked.
     CupoolOk = 0,
-    /// An argument was wrong: a NULL out-pointer, a size of 0, a size too large to round.
+    /// An argument was wrong: a NULL out-pointer, a size of 0. (A size no device can hold is out of memory, as `cudaMalloc` reports it.)
     CupoolErrorInvalidValue = 1,
     /// The device (or the configured memory limit) has no room, even after the pool waited
     /// for pending frees and gave its idle cached memory back to the driver.

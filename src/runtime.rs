@@ -1,10 +1,18 @@
 //! The process-wide allocator: configuration, backend, one pool per context, lifecycle.
 //!
-//! CONTRACT (used by `ffi` and by the preload crate). Bodies are being filled in.
+//! Used by the C boundary (`ffi`) and by the LD_PRELOAD interposer crate. Every method
+//! returns a status; none panics on bad input.
 
-use crate::backend::{Backend, ContextId, DevicePtr, StreamHandle};
+use crate::backend::host::HostBackend;
+use crate::backend::{Backend, ContextId, ContextInfo, DevicePtr, StreamHandle};
+use crate::config::{self, Key};
+use crate::pool::block::{Place, TakeBack};
+use crate::pool::size_class::{round_size, MAX_SIZE};
+use crate::pool::thread_cache::{self, with_thread};
+use crate::pool::{self, DevicePool, StreamRef, ADDRESSES, BACKEND_OFF, BLOCKS, STREAMLESS};
 use crate::stats::CupoolStats;
 use crate::status::{CupoolStatus, Result};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// What the pool knows about one live block (for address-range, IPC and attribute queries).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -22,105 +30,417 @@ pub struct BlockInfo {
     pub segment_size: u64,
 }
 
+/// Per-device limits set through the API (they override `memory_limit` from the config).
+const MAX_DEVICES: usize = 64;
+static DEVICE_LIMITS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(u64::MAX) }; MAX_DEVICES];
+const LIMIT_UNSET: u64 = u64::MAX;
+
+static FORK_CHILD: AtomicBool = AtomicBool::new(false);
+static RUNTIME: spin::Once<core::result::Result<Runtime, CupoolStatus>> = spin::Once::new();
+
 /// The process's allocator.
 pub struct Runtime {
-    _private: (),
+    backend: &'static dyn Backend,
+    host: Option<&'static HostBackend>,
 }
 
 /// The runtime, started on first use (config read, backend chosen). Fails with
 /// `CupoolErrorBackendUnavailable` when the configured backend cannot start; the reason is
 /// printed once on stderr.
 pub fn runtime() -> Result<&'static Runtime> {
-    Err(CupoolStatus::CupoolErrorInternal)
+    if FORK_CHILD.load(Ordering::Relaxed) {
+        return Err(CupoolStatus::CupoolErrorBackendUnavailable);
+    }
+    match RUNTIME.call_once(start) {
+        Ok(r) => Ok(r),
+        Err(e) => Err(*e),
+    }
 }
 
 /// The runtime if it has already started; never starts it.
 pub fn runtime_if_started() -> Option<&'static Runtime> {
-    None
+    match RUNTIME.get() {
+        Some(Ok(r)) if !FORK_CHILD.load(Ordering::Relaxed) => Some(r),
+        _ => None,
+    }
+}
+
+fn start() -> core::result::Result<Runtime, CupoolStatus> {
+    config::ensure_loaded();
+    config::freeze();
+    let backend_name = config::BACKENDS
+        .get(config::get(Key::Backend) as usize)
+        .copied()
+        .unwrap_or("cuda");
+    if backend_name == "host" {
+        let host: &'static HostBackend = Box::leak(Box::new(HostBackend::new()));
+        crate::log::info("cupool: using the host backend (host memory, simulated streams)");
+        return Ok(Runtime {
+            backend: host,
+            host: Some(host),
+        });
+    }
+    match crate::backend::cuda::CudaBackend::new() {
+        Ok(b) => Ok(Runtime {
+            backend: Box::leak(Box::new(b)),
+            host: None,
+        }),
+        Err(e) => {
+            crate::log::error(&format!(
+                "cupool: the CUDA backend is unavailable ({e:?}): no usable libcuda.so.1 or device; \
+                 set CUPOOL_CONF=backend:host to run on host memory"
+            ));
+            Err(CupoolStatus::CupoolErrorBackendUnavailable)
+        }
+    }
 }
 
 /// Marks the process as a fork child of a process whose pool was live: every later call
 /// is refused (the child must never touch the parent's pool or its device memory).
-pub fn mark_fork_child() {}
+pub fn mark_fork_child() {
+    FORK_CHILD.store(true, Ordering::Relaxed);
+    BACKEND_OFF.store(true, Ordering::Relaxed);
+}
 
 /// Whether this process is such a fork child.
 pub fn is_fork_child() -> bool {
-    false
+    FORK_CHILD.load(Ordering::Relaxed)
 }
 
 /// Marks the process as exiting: from now on no CUDA call is made (frees of pool blocks
 /// only update metadata; nothing is given back to the driver).
-pub fn mark_exiting() {}
+pub fn mark_exiting() {
+    BACKEND_OFF.store(true, Ordering::Relaxed);
+}
+
+fn limit_for(device: i32) -> u64 {
+    let l = DEVICE_LIMITS
+        .get(device as usize)
+        .map_or(LIMIT_UNSET, |a| a.load(Ordering::Relaxed));
+    if l == LIMIT_UNSET {
+        config::get(Key::MemoryLimit)
+    } else {
+        l
+    }
+}
 
 impl Runtime {
-    pub fn backend(&self) -> &dyn Backend {
-        unimplemented!()
+    pub fn backend(&self) -> &'static dyn Backend {
+        self.backend
+    }
+
+    /// The host backend, when it is the one in use (tests drive its simulated time).
+    pub fn host_backend(&self) -> Option<&'static HostBackend> {
+        self.host
+    }
+
+    #[inline]
+    fn pool_of(&self, ctx: ContextInfo) -> Result<&'static DevicePool> {
+        let p = pool::pool_for(ctx, self.backend)?;
+        Ok(p)
+    }
+
+    /// The pool of the calling thread's current context.
+    #[inline]
+    fn current_pool(&self) -> Result<&'static DevicePool> {
+        let ctx = self.backend.current_context().map_err(CupoolStatus::from)?;
+        let p = self.pool_of(ctx)?;
+        if p.limit() != limit_for(ctx.device) {
+            p.set_limit(limit_for(ctx.device));
+        }
+        Ok(p)
+    }
+
+    fn rounded(size: usize) -> Result<u64> {
+        if size == 0 {
+            return Err(CupoolStatus::CupoolErrorInvalidValue);
+        }
+        // A request no device can hold is out of memory, as cudaMalloc reports it.
+        if size as u64 > MAX_SIZE {
+            return Err(CupoolStatus::CupoolErrorOutOfMemory);
+        }
+        round_size(size as u64).ok_or(CupoolStatus::CupoolErrorOutOfMemory)
     }
 
     /// Streamless allocation in the calling thread's current context: the block is safe to
     /// use from any stream (no pending work on it).
-    pub fn alloc(&self, _size: usize) -> Result<DevicePtr> {
-        Err(CupoolStatus::CupoolErrorInternal)
+    pub fn alloc(&self, size: usize) -> Result<DevicePtr> {
+        let rounded = Self::rounded(size)?;
+        let pool = self.current_pool()?;
+        with_thread(|ts, mut cache| {
+            let c = ts.counters(pool.index);
+            pool.alloc_slow(c, rounded, size as u64, None, &mut || {
+                if let Some(cache) = cache.as_deref_mut() {
+                    cache.flush_pool(pool.index);
+                }
+                thread_cache::request_flush_all();
+            })
+        })
     }
 
     /// Stream-ordered allocation: the block may be used by `stream` at once.
-    pub fn alloc_async(&self, _size: usize, _stream: StreamHandle) -> Result<DevicePtr> {
-        Err(CupoolStatus::CupoolErrorInternal)
+    #[inline]
+    pub fn alloc_async(&self, size: usize, stream: StreamHandle) -> Result<DevicePtr> {
+        let rounded = Self::rounded(size)?;
+        let pool = self.current_pool()?;
+        let sid = self.backend.stream_id(stream).map_err(CupoolStatus::from)?;
+        with_thread(|ts, mut cache| {
+            let c = ts.counters(pool.index);
+            if let Some(cache) = cache.as_deref_mut() {
+                if let Some(idx) = cache.take(pool.index, sid.0, rounded) {
+                    let b = BLOCKS.get(idx);
+                    // SAFETY: the block came out of this thread's cache: this thread owns it.
+                    let d = unsafe { b.data() };
+                    d.place = Place::Allocated;
+                    d.requested = size as u64;
+                    d.stream = sid.0;
+                    pool.note_allocated(c, d.size, size as u64);
+                    b.publish_allocated(d.ptr);
+                    return Ok(d.ptr);
+                }
+            }
+            let s = StreamRef {
+                id: sid.0,
+                handle: stream,
+            };
+            pool.alloc_slow(c, rounded, size as u64, Some(s), &mut || {
+                if let Some(cache) = cache.as_deref_mut() {
+                    cache.flush_pool(pool.index);
+                }
+                thread_cache::request_flush_all();
+            })
+        })
+    }
+
+    /// Takes a block back from the program: its record, or why not.
+    #[inline]
+    fn take_back(ptr: DevicePtr) -> Result<(crate::pool::block::BlockIdx, &'static DevicePool)> {
+        let idx = ADDRESSES.get(ptr).ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
+        let b = BLOCKS.try_get(idx).ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
+        match b.try_take_back(ptr) {
+            TakeBack::Taken => {}
+            TakeBack::AlreadyFree => return Err(CupoolStatus::CupoolErrorDoubleFree),
+            TakeBack::NotThisBlock => return Err(CupoolStatus::CupoolErrorInvalidPointer),
+        }
+        // SAFETY: the CAS above made this thread the block's owner.
+        let pool_index = unsafe { b.data() }.pool;
+        let pool = pool::pool_by_index(pool_index).ok_or(CupoolStatus::CupoolErrorInternal)?;
+        Ok((idx, pool))
+    }
+
+    /// Gives the calling thread's cached blocks back to the shared pool (where other
+    /// streams can get them once their events complete).
+    pub fn flush_thread_cache(&self) {
+        with_thread(|_, cache| {
+            if let Some(cache) = cache {
+                cache.flush_all();
+            }
+        });
+    }
+
+    /// Whether `ptr` is a block the program holds (without taking it).
+    pub fn owns(&self, ptr: DevicePtr) -> bool {
+        ADDRESSES
+            .get(ptr)
+            .and_then(|i| BLOCKS.try_get(i))
+            .is_some_and(|b| b.is_allocated_at(ptr))
     }
 
     /// Streamless free: reused only after a context fence recorded after this call completes.
-    pub fn free(&self, _ptr: DevicePtr) -> Result<()> {
-        Err(CupoolStatus::CupoolErrorInternal)
+    pub fn free(&self, ptr: DevicePtr) -> Result<()> {
+        let (idx, pool) = Self::take_back(ptr)?;
+        with_thread(|ts, _| {
+            let c = ts.counters(pool.index);
+            // SAFETY: `take_back` made this thread the owner.
+            let d = unsafe { BLOCKS.get(idx).data() };
+            pool.note_freed(c, d.size, d.requested);
+            // SAFETY: as above.
+            unsafe { pool.free_to_fence(c, idx, false) };
+        });
+        Ok(())
     }
 
-    /// Stream-ordered free on `stream`.
-    pub fn free_async(&self, _ptr: DevicePtr, _stream: StreamHandle) -> Result<()> {
-        Err(CupoolStatus::CupoolErrorInternal)
+    /// Stream-ordered free on `stream`. A block allocated on another stream is made safe
+    /// with a context fence instead (the pool cannot know the two streams are ordered).
+    #[inline]
+    pub fn free_async(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<()> {
+        // Resolve the stream first: a failure then leaves the block untouched.
+        let sid = if self.owns(ptr) {
+            self.backend.stream_id(stream).map_err(CupoolStatus::from)?
+        } else {
+            crate::backend::StreamId(0)
+        };
+        let (idx, pool) = Self::take_back(ptr)?;
+        with_thread(|ts, cache| {
+            let c = ts.counters(pool.index);
+            // SAFETY: `take_back` made this thread the owner.
+            let d = unsafe { BLOCKS.get(idx).data() };
+            let (size, requested, alloc_stream) = (d.size, d.requested, d.stream);
+            pool.note_freed(c, size, requested);
+            if alloc_stream != STREAMLESS && alloc_stream != sid.0 {
+                // SAFETY: as above.
+                unsafe { pool.free_to_fence(c, idx, true) };
+                return;
+            }
+            let s = StreamRef {
+                id: sid.0,
+                handle: stream,
+            };
+            if let Some(cache) = cache {
+                if cache.put(pool.index, s, idx, size) {
+                    return;
+                }
+            }
+            // SAFETY: as above.
+            unsafe { pool.free_to_stream(s, &[idx]) };
+        });
+        Ok(())
+    }
+
+    fn info_of(idx: crate::pool::block::BlockIdx, ptr: DevicePtr) -> Option<BlockInfo> {
+        let b = BLOCKS.try_get(idx)?;
+        if !b.is_allocated_at(ptr) {
+            return None;
+        }
+        // SAFETY: an allocated block's fields do not change until it is freed; the tag is
+        // checked again below so a block freed meanwhile is not reported.
+        let d = unsafe { *b.data() };
+        let pool = pool::pool_by_index(d.pool)?;
+        let (_, seg_base, seg_size) = pool.find_containing(ptr)?;
+        if !b.is_allocated_at(ptr) {
+            return None;
+        }
+        Some(BlockInfo {
+            ptr: d.ptr,
+            size: d.size,
+            requested: d.requested,
+            device: pool.ctx.device,
+            context: pool.ctx.id,
+            segment_base: seg_base,
+            segment_size: seg_size,
+        })
     }
 
     /// The live block that starts exactly at `ptr`.
-    pub fn lookup(&self, _ptr: DevicePtr) -> Option<BlockInfo> {
-        None
+    pub fn lookup(&self, ptr: DevicePtr) -> Option<BlockInfo> {
+        Self::info_of(ADDRESSES.get(ptr)?, ptr)
     }
 
     /// The live block that contains `ptr` (interior pointers included).
-    pub fn lookup_containing(&self, _ptr: DevicePtr) -> Option<BlockInfo> {
+    pub fn lookup_containing(&self, ptr: DevicePtr) -> Option<BlockInfo> {
+        for p in pool::all_pools() {
+            if let Some((idx, _, _)) = p.find_containing(ptr) {
+                // SAFETY: read under no lock, but only the start address is used, and
+                // `info_of` validates it through the tag.
+                let start = unsafe { BLOCKS.get(idx).data() }.ptr;
+                return Self::info_of(idx, start);
+            }
+        }
         None
     }
 
-    /// Statistics of `device`, or of all devices summed for `None`.
-    pub fn stats(&self, _device: Option<i32>) -> Result<CupoolStats> {
-        Err(CupoolStatus::CupoolErrorInternal)
+    fn check_device(&self, device: Option<i32>) -> Result<()> {
+        if let Some(d) = device {
+            let n = self.backend.device_count().map_err(CupoolStatus::from)?;
+            if d < 0 || d >= n || d as usize >= MAX_DEVICES {
+                return Err(CupoolStatus::CupoolErrorInvalidDevice);
+            }
+        }
+        Ok(())
     }
 
-    pub fn reset_peak_stats(&self, _device: Option<i32>) -> Result<()> {
-        Err(CupoolStatus::CupoolErrorInternal)
+    fn pools_of(device: Option<i32>) -> impl Iterator<Item = &'static DevicePool> {
+        pool::all_pools().filter(move |p| device.is_none_or(|d| p.ctx.device == d))
+    }
+
+    /// Statistics of `device`, or of all devices summed for `None`.
+    pub fn stats(&self, device: Option<i32>) -> Result<CupoolStats> {
+        self.check_device(device)?;
+        let mut total = CupoolStats::new();
+        for p in Self::pools_of(device) {
+            total.accumulate(&p.stats());
+        }
+        Ok(total)
+    }
+
+    /// Statistics of the pool of one context (tests use private contexts).
+    pub fn context_stats(&self, ctx: ContextInfo) -> Result<CupoolStats> {
+        Ok(self.pool_of(ctx)?.stats())
+    }
+
+    /// The pool of one context (tests: invariant checks).
+    pub fn context_pool(&self, ctx: ContextInfo) -> Result<&'static DevicePool> {
+        self.pool_of(ctx)
+    }
+
+    pub fn reset_peak_stats(&self, device: Option<i32>) -> Result<()> {
+        self.check_device(device)?;
+        for p in Self::pools_of(device) {
+            p.reset_peaks();
+        }
+        Ok(())
     }
 
     /// Gives idle cached memory of `device` (all devices for `None`) back to the driver;
-    /// returns the bytes released.
-    pub fn empty_cache(&self, _device: Option<i32>) -> Result<u64> {
-        Err(CupoolStatus::CupoolErrorInternal)
+    /// returns the bytes released. Blocks freed moments ago are waited for; blocks held
+    /// in other threads' caches go back at those threads' next call.
+    pub fn empty_cache(&self, device: Option<i32>) -> Result<u64> {
+        self.check_device(device)?;
+        thread_cache::request_flush_all();
+        with_thread(|ts, cache| {
+            if let Some(cache) = cache {
+                cache.flush_all();
+            }
+            let mut released = 0;
+            for p in Self::pools_of(device) {
+                released += p.empty_cache(ts.counters(p.index))?;
+            }
+            Ok(released)
+        })
     }
 
     /// Per-device cap on reserved bytes; 0 removes it.
-    pub fn set_memory_limit(&self, _device: i32, _bytes: u64) -> Result<()> {
-        Err(CupoolStatus::CupoolErrorInternal)
+    pub fn set_memory_limit(&self, device: i32, bytes: u64) -> Result<()> {
+        self.check_device(Some(device))?;
+        DEVICE_LIMITS[device as usize].store(bytes, Ordering::Relaxed);
+        for p in Self::pools_of(Some(device)) {
+            p.set_limit(bytes);
+        }
+        Ok(())
     }
 
-    pub fn memory_limit(&self, _device: i32) -> Result<u64> {
-        Err(CupoolStatus::CupoolErrorInternal)
+    pub fn memory_limit(&self, device: i32) -> Result<u64> {
+        self.check_device(Some(device))?;
+        Ok(limit_for(device))
     }
 
     /// Bytes cached in `ctx`'s pool that no program block uses (what `cuMemGetInfo` adds
     /// back to "free" under the preload).
-    pub fn idle_cached_bytes(&self, _ctx: ContextId) -> u64 {
-        0
+    pub fn idle_cached_bytes(&self, ctx: ContextId) -> u64 {
+        pool::all_pools()
+            .find(|p| p.ctx.id == ctx)
+            .map_or(0, |p| p.idle_bytes())
     }
 
     /// A stream capture began in `ctx`: until the matching end, no fence, synchronisation
     /// or release is made there, and a miss fails with `CupoolErrorStreamCapture`.
-    pub fn capture_begin(&self, _ctx: ContextId) {}
+    pub fn capture_begin(&self, ctx: ContextId) {
+        if let Some(p) = self.pool_by_context(ctx) {
+            p.capture_begin();
+        }
+    }
 
-    pub fn capture_end(&self, _ctx: ContextId) {}
+    pub fn capture_end(&self, ctx: ContextId) {
+        if let Some(p) = self.pool_by_context(ctx) {
+            p.capture_end();
+        }
+    }
+
+    fn pool_by_context(&self, ctx: ContextId) -> Option<&'static DevicePool> {
+        if let Some(p) = pool::all_pools().find(|p| p.ctx.id == ctx) {
+            return Some(p);
+        }
+        let cur = self.backend.current_context().ok()?;
+        (cur.id == ctx).then(|| self.pool_of(cur).ok()).flatten()
+    }
 }

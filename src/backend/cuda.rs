@@ -1,1 +1,519 @@
-//! cuda backend (being written).
+//! The CUDA backend: device memory, streams and events from the CUDA driver API, in the
+//! calling thread's current context (see [`Backend`] for each method's contract).
+//!
+//! Every driver function comes from [`driver()`], loaded at run time; a missing library or
+//! function is [`BackendError::Unavailable`], never a panic. No lock is held across a driver
+//! call, and the hot path ([`Backend::current_context`]) is one `cuCtxGetCurrent` plus a
+//! lock-free table lookup.
+//!
+//! Note [context fences and capture]: a context fence is `cuCtxRecordEvent`, which covers
+//! every stream of the context, non-blocking and per-thread ones included. While any stream
+//! of the context is capturing, the driver refuses it *and invalidates that capture*. The
+//! backend cannot see every capture (the driver has no "is any stream of this context
+//! capturing" query), so it asks the one question the driver answers without side effects:
+//! `cuStreamIsCapturing` on the legacy stream returns `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`
+//! while a *blocking* stream of the current context is capturing. Then the fence is refused
+//! with [`BackendError::Capturing`] before the driver is asked. A capture on a non-blocking
+//! stream is not visible that way: the fence then fails with `Capturing` too, but the
+//! capture has been invalidated; callers that can see captures begin (the preload's hooks)
+//! must not fence during one.
+
+use core::ffi::c_int;
+use core::ptr::null_mut;
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use cudarc::driver::sys::{CUcontext, CUevent, CUstream};
+
+use super::driver::{check, code, driver, required, DriverApi};
+use super::{
+    Backend, BackendError, BackendResult, ContextId, ContextInfo, DevicePtr, EventHandle,
+    StreamHandle, StreamId,
+};
+use crate::log;
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+
+/// `CU_EVENT_DISABLE_TIMING`: fences and stream events are never timed, which makes them
+/// cheaper to record and query.
+const EVENT_DISABLE_TIMING: u32 = 2;
+/// `CU_STREAM_LEGACY`: the legacy default stream whatever the caller's default-stream mode.
+const STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`.
+const CAPTURE_STATUS_NONE: c_int = 0;
+
+/// Devices whose primary context is cached; higher ordinals are retained on each request.
+const MAX_DEVICES: usize = 64;
+/// Contexts whose device is cached; further contexts ask the driver each time.
+const CONTEXT_SLOTS: usize = 64;
+/// Idle events kept per context; more are destroyed when given back.
+const MAX_IDLE_EVENTS: usize = 4096;
+
+/// The CUDA driver backend.
+pub struct CudaBackend {
+    api: &'static DriverApi,
+    initialized: AtomicBool,
+    contexts: ContextTable,
+    /// Retained primary context of each device (`CUcontext` as an integer; 0 = not yet).
+    primary: [AtomicU64; MAX_DEVICES],
+    events: spin::Mutex<IdleEvents>,
+    fence_fallback_logged: AtomicBool,
+}
+
+impl CudaBackend {
+    /// Loads the driver. Fails with [`BackendError::Unavailable`] when `libcuda.so.1` cannot
+    /// be loaded or lacks the functions nothing works without. Makes no driver call: the
+    /// driver is initialised on first use.
+    pub fn new() -> BackendResult<CudaBackend> {
+        let api = driver()?;
+        let essential = [
+            ("cuInit", api.init.is_some()),
+            ("cuCtxGetCurrent", api.ctx_get_current.is_some()),
+            ("cuMemAlloc_v2", api.mem_alloc.is_some()),
+            ("cuMemFree_v2", api.mem_free.is_some()),
+        ];
+        if let Some((name, _)) = essential.iter().find(|(_, present)| !present) {
+            log::error(&format!(
+                "cupool: the CUDA driver has no {name}; the CUDA backend is unavailable"
+            ));
+            return Err(BackendError::Unavailable);
+        }
+        Ok(CudaBackend {
+            api,
+            initialized: AtomicBool::new(false),
+            contexts: ContextTable::new(),
+            primary: core::array::from_fn(|_| AtomicU64::new(0)),
+            events: spin::Mutex::new(IdleEvents::default()),
+            fence_fallback_logged: AtomicBool::new(false),
+        })
+    }
+
+    /// `cuInit(0)`, once.
+    fn ensure_init(&self) -> BackendResult<()> {
+        if self.initialized.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let init = required(self.api.init)?;
+        // SAFETY: cuInit takes a flags word (0).
+        check(unsafe { init(0) })?;
+        self.initialized.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The calling thread's current context (null when none), initialising the driver when
+    /// it says it is not yet.
+    fn raw_current(&self) -> BackendResult<CUcontext> {
+        let get = required(self.api.ctx_get_current)?;
+        let mut ctx: CUcontext = null_mut();
+        // SAFETY: valid out-pointer.
+        let mut rc = unsafe { get(&mut ctx) };
+        if rc == code::NOT_INITIALIZED {
+            self.ensure_init()?;
+            // SAFETY: as above.
+            rc = unsafe { get(&mut ctx) };
+        }
+        check(rc)?;
+        Ok(ctx)
+    }
+
+    /// Describes `ctx`, which is current on this thread.
+    fn describe_current(&self, ctx: CUcontext) -> BackendResult<ContextInfo> {
+        let id = ContextId(ctx as usize as u64);
+        if let Some(device) = self.contexts.device_of(ctx) {
+            return Ok(ContextInfo { id, device });
+        }
+        let get_device = required(self.api.ctx_get_device)?;
+        let mut device: c_int = 0;
+        // SAFETY: valid out-pointer; `ctx` is current.
+        check(unsafe { get_device(&mut device) })?;
+        self.contexts.insert(ctx, device);
+        Ok(ContextInfo { id, device })
+    }
+
+    /// Runs `f` with `ctx` current on this thread: pushed for the call when another
+    /// context (or none) is current, popped after.
+    fn with_context<T>(
+        &self,
+        ctx: ContextId,
+        f: impl FnOnce() -> BackendResult<T>,
+    ) -> BackendResult<T> {
+        let target = ctx.0 as usize as CUcontext;
+        if target.is_null() {
+            return Err(BackendError::InvalidValue);
+        }
+        if self.raw_current()? == target {
+            return f();
+        }
+        let push = required(self.api.ctx_push_current)?;
+        let pop = required(self.api.ctx_pop_current)?;
+        // SAFETY: `target` is a context handle the backend handed out.
+        check(unsafe { push(target) })?;
+        let result = f();
+        let mut popped: CUcontext = null_mut();
+        // SAFETY: valid out-pointer.
+        let rc = unsafe { pop(&mut popped) };
+        if rc != code::SUCCESS {
+            // The call itself is done (an allocation must not be lost); the thread keeps an
+            // extra context on its stack, which is all that can go wrong here.
+            log::error(&format!(
+                "cupool: cuCtxPopCurrent failed ({}) after a call in another context",
+                self.api.error_name(rc)
+            ));
+        }
+        result
+    }
+
+    /// An idle event of `ctx` (which is current), or a new one.
+    fn take_event(&self, ctx: ContextId) -> BackendResult<CUevent> {
+        if let Some(ev) = self.events.lock().take(ctx) {
+            return Ok(ev as usize as CUevent);
+        }
+        let create = required(self.api.event_create)?;
+        let mut ev: CUevent = null_mut();
+        // SAFETY: valid out-pointer; the event belongs to the current context, `ctx`.
+        check(unsafe { create(&mut ev, EVENT_DISABLE_TIMING) })?;
+        Ok(ev)
+    }
+
+    fn give_back_event(&self, ctx: ContextId, ev: CUevent) {
+        if self.events.lock().put(ctx, ev as usize as u64) {
+            return;
+        }
+        if let Some(destroy) = self.api.event_destroy {
+            // SAFETY: an event created by this backend and no longer used by anyone.
+            let rc = unsafe { destroy(ev) };
+            if rc != code::SUCCESS {
+                log::debug(&format!(
+                    "cupool: cuEventDestroy failed ({})",
+                    self.api.error_name(rc)
+                ));
+            }
+        }
+    }
+
+    /// Whether a capture on a blocking stream of the current context is in progress, as far
+    /// as the driver can tell without side effects (see Note [context fences and capture]).
+    fn blocking_capture_in_progress(&self) -> bool {
+        let Some(is_capturing) = self.api.stream_is_capturing else {
+            return false;
+        };
+        let mut status: c_int = CAPTURE_STATUS_NONE;
+        // SAFETY: the legacy stream handle and a valid out-pointer.
+        let rc = unsafe { is_capturing(STREAM_LEGACY as CUstream, &mut status) };
+        rc == code::STREAM_CAPTURE_IMPLICIT
+            || (rc == code::SUCCESS && status != CAPTURE_STATUS_NONE)
+    }
+
+    /// Records `ev` as a context fence of the current context `ctx`.
+    fn record_fence_event(&self, ctx: ContextId, ev: CUevent) -> BackendResult<()> {
+        if let Some(record) = self.api.ctx_record_event {
+            // SAFETY: `ctx` is a live context and `ev` one of its events.
+            return check(unsafe { record(ctx.0 as usize as CUcontext, ev) });
+        }
+        // Drivers before 12.5 have no cuCtxRecordEvent. The legacy stream waits for every
+        // blocking stream of the context, but not for non-blocking or per-thread streams.
+        if !self.fence_fallback_logged.swap(true, Ordering::Relaxed) {
+            log::warn(
+                "cupool: the CUDA driver has no cuCtxRecordEvent (before 12.5): context \
+                 fences are recorded on the legacy stream and do not cover non-blocking \
+                 streams",
+            );
+        }
+        let record = required(self.api.event_record)?;
+        // SAFETY: `ev` belongs to the current context; the legacy stream handle is valid.
+        check(unsafe { record(ev, STREAM_LEGACY as CUstream) })
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn current_context(&self) -> BackendResult<ContextInfo> {
+        let ctx = self.raw_current()?;
+        if !ctx.is_null() {
+            return self.describe_current(ctx);
+        }
+        // As the CUDA runtime does on first use: device 0's primary context.
+        let info = self.device_context(0)?;
+        let set = required(self.api.ctx_set_current)?;
+        // SAFETY: a retained primary context.
+        check(unsafe { set(info.id.0 as usize as CUcontext) })?;
+        Ok(info)
+    }
+
+    fn device_context(&self, device: i32) -> BackendResult<ContextInfo> {
+        if device < 0 {
+            return Err(BackendError::InvalidValue);
+        }
+        let cached = self.primary.get(device as usize);
+        if let Some(ctx) = cached
+            .map(|c| c.load(Ordering::Acquire))
+            .filter(|&c| c != 0)
+        {
+            return Ok(ContextInfo {
+                id: ContextId(ctx),
+                device,
+            });
+        }
+        self.ensure_init()?;
+        let device_get = required(self.api.device_get)?;
+        let retain = required(self.api.device_primary_ctx_retain)?;
+        let mut handle = 0;
+        // SAFETY: valid out-pointer.
+        check(unsafe { device_get(&mut handle, device) })?;
+        let mut ctx: CUcontext = null_mut();
+        // SAFETY: valid out-pointer and a device handle from cuDeviceGet.
+        check(unsafe { retain(&mut ctx, handle) })?;
+        if ctx.is_null() {
+            return Err(BackendError::Driver(code::UNKNOWN));
+        }
+        // Two threads may both retain: the primary context is the same, its count one
+        // higher, and it is never released (it lives until the process exits).
+        if let Some(slot) = cached {
+            slot.store(ctx as usize as u64, Ordering::Release);
+        }
+        self.contexts.insert(ctx, device);
+        Ok(ContextInfo {
+            id: ContextId(ctx as usize as u64),
+            device,
+        })
+    }
+
+    fn device_count(&self) -> BackendResult<i32> {
+        self.ensure_init()?;
+        let count = required(self.api.device_get_count)?;
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer.
+        check(unsafe { count(&mut n) })?;
+        Ok(n)
+    }
+
+    fn stream_id(&self, stream: StreamHandle) -> BackendResult<StreamId> {
+        let get_id = required(self.api.stream_get_id)?;
+        let mut id: u64 = 0;
+        // SAFETY: the caller's stream handle (0 and 2 name the default streams, which the
+        // driver knows) and a valid out-pointer.
+        check(unsafe { get_id(stream as CUstream, &mut id) })?;
+        Ok(StreamId(id))
+    }
+
+    fn allocate(&self, ctx: ContextId, bytes: u64) -> BackendResult<DevicePtr> {
+        let bytes = usize::try_from(bytes).map_err(|_| BackendError::OutOfMemory)?;
+        let alloc = required(self.api.mem_alloc)?;
+        self.with_context(ctx, || {
+            let mut ptr = 0;
+            // SAFETY: valid out-pointer; `ctx` is current.
+            check(unsafe { alloc(&mut ptr, bytes) })?;
+            Ok(ptr)
+        })
+    }
+
+    fn release(&self, ctx: ContextId, ptr: DevicePtr, _bytes: u64) -> BackendResult<()> {
+        let free = required(self.api.mem_free)?;
+        // SAFETY: `ptr` came from `allocate` in `ctx` (the caller's contract).
+        self.with_context(ctx, || check(unsafe { free(ptr) }))
+    }
+
+    fn record_stream_event(
+        &self,
+        ctx: ContextId,
+        stream: StreamHandle,
+    ) -> BackendResult<EventHandle> {
+        let record = required(self.api.event_record)?;
+        self.with_context(ctx, || {
+            let ev = self.take_event(ctx)?;
+            // SAFETY: an event of `ctx` and the caller's stream of `ctx`.
+            match check(unsafe { record(ev, stream as CUstream) }) {
+                Ok(()) => Ok(EventHandle(ev as usize as u64)),
+                Err(e) => {
+                    self.give_back_event(ctx, ev);
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    fn record_context_fence(&self, ctx: ContextId) -> BackendResult<EventHandle> {
+        self.with_context(ctx, || {
+            if self.blocking_capture_in_progress() {
+                return Err(BackendError::Capturing);
+            }
+            let ev = self.take_event(ctx)?;
+            match self.record_fence_event(ctx, ev) {
+                Ok(()) => Ok(EventHandle(ev as usize as u64)),
+                Err(e) => {
+                    self.give_back_event(ctx, ev);
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    fn event_completed(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<bool> {
+        let query = required(self.api.event_query)?;
+        // SAFETY: an event this backend recorded.
+        match unsafe { query(event.0 as usize as CUevent) } {
+            code::SUCCESS => Ok(true),
+            code::NOT_READY => Ok(false),
+            rc => Err(super::driver::error_from_code(rc)),
+        }
+    }
+
+    fn wait_event(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<()> {
+        let sync = required(self.api.event_synchronize)?;
+        // SAFETY: an event this backend recorded.
+        check(unsafe { sync(event.0 as usize as CUevent) })
+    }
+
+    fn recycle_event(&self, ctx: ContextId, event: EventHandle) {
+        if event.0 != 0 {
+            self.give_back_event(ctx, event.0 as usize as CUevent);
+        }
+    }
+
+    fn memory_info(&self, ctx: ContextId) -> BackendResult<(u64, u64)> {
+        let info = required(self.api.mem_get_info)?;
+        self.with_context(ctx, || {
+            let (mut free, mut total) = (0usize, 0usize);
+            // SAFETY: valid out-pointers; `ctx` is current.
+            check(unsafe { info(&mut free, &mut total) })?;
+            Ok((free as u64, total as u64))
+        })
+    }
+}
+
+/// Context → device, filled once per context and read without locks.
+///
+/// Slots are claimed in order and never freed. A context destroyed and another created at
+/// the same address on another device would read stale; cupool works in primary contexts,
+/// which live until exit.
+struct ContextTable {
+    keys: [AtomicPtr<cudarc::driver::sys::CUctx_st>; CONTEXT_SLOTS],
+    devices: [AtomicU32; CONTEXT_SLOTS],
+    /// Slots claimed so far (may pass CONTEXT_SLOTS when the table is full).
+    claimed: AtomicUsize,
+}
+
+impl ContextTable {
+    fn new() -> ContextTable {
+        ContextTable {
+            keys: core::array::from_fn(|_| AtomicPtr::new(null_mut())),
+            devices: core::array::from_fn(|_| AtomicU32::new(0)),
+            claimed: AtomicUsize::new(0),
+        }
+    }
+
+    fn device_of(&self, ctx: CUcontext) -> Option<i32> {
+        let n = self.claimed.load(Ordering::Acquire).min(CONTEXT_SLOTS);
+        // A slot whose key is still null is being written: skipped (the caller then asks
+        // the driver, which is only slower).
+        (0..n)
+            .find(|&i| self.keys[i].load(Ordering::Acquire) == ctx)
+            .map(|i| self.devices[i].load(Ordering::Relaxed) as i32)
+    }
+
+    fn insert(&self, ctx: CUcontext, device: i32) {
+        if self.device_of(ctx).is_some() {
+            return;
+        }
+        let i = self.claimed.fetch_add(1, Ordering::AcqRel);
+        if i < CONTEXT_SLOTS {
+            self.devices[i].store(device as u32, Ordering::Relaxed);
+            // Release: a reader that sees the key sees the device.
+            self.keys[i].store(ctx, Ordering::Release);
+        }
+    }
+}
+
+/// Idle events per context, so recording does not create one each time. Vectors keep their
+/// capacity, so taking and giving back allocate nothing once warm.
+#[derive(Default)]
+struct IdleEvents {
+    per_context: Vec<(ContextId, Vec<u64>)>,
+}
+
+impl IdleEvents {
+    fn take(&mut self, ctx: ContextId) -> Option<u64> {
+        self.per_context
+            .iter_mut()
+            .find(|(c, _)| *c == ctx)
+            .and_then(|(_, events)| events.pop())
+    }
+
+    /// Keeps `ev` for reuse; false when the context already has enough idle events.
+    fn put(&mut self, ctx: ContextId, ev: u64) -> bool {
+        let index = match self.per_context.iter().position(|(c, _)| *c == ctx) {
+            Some(i) => i,
+            None => {
+                self.per_context.push((ctx, Vec::new()));
+                self.per_context.len() - 1
+            }
+        };
+        match self.per_context.get_mut(index) {
+            Some((_, events)) if events.len() < MAX_IDLE_EVENTS => {
+                events.push(ev);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_events_are_kept_per_context() {
+        let mut idle = IdleEvents::default();
+        let (a, b) = (ContextId(0x1000), ContextId(0x2000));
+        assert_eq!(idle.take(a), None);
+        assert!(idle.put(a, 11));
+        assert!(idle.put(b, 22));
+        assert!(idle.put(a, 12));
+        assert_eq!(idle.take(b), Some(22));
+        assert_eq!(idle.take(b), None);
+        assert_eq!(idle.take(a), Some(12));
+        assert_eq!(idle.take(a), Some(11));
+        assert_eq!(idle.take(a), None);
+    }
+
+    #[test]
+    fn idle_events_are_bounded() {
+        let mut idle = IdleEvents::default();
+        let ctx = ContextId(0x1000);
+        for ev in 0..MAX_IDLE_EVENTS as u64 {
+            assert!(idle.put(ctx, ev + 1));
+        }
+        assert!(!idle.put(ctx, 0xdead), "one past the bound is refused");
+    }
+
+    #[test]
+    fn context_table_maps_contexts_to_devices() {
+        let table = ContextTable::new();
+        let ctx = |n: usize| (n * 0x100) as CUcontext;
+        assert_eq!(table.device_of(ctx(1)), None);
+        table.insert(ctx(1), 0);
+        table.insert(ctx(2), 3);
+        table.insert(ctx(1), 0);
+        assert_eq!(table.device_of(ctx(1)), Some(0));
+        assert_eq!(table.device_of(ctx(2)), Some(3));
+        assert_eq!(
+            table.claimed.load(Ordering::Relaxed),
+            2,
+            "no duplicate slot"
+        );
+        for n in 3..CONTEXT_SLOTS + 10 {
+            table.insert(ctx(n), n as i32);
+        }
+        assert_eq!(
+            table.device_of(ctx(CONTEXT_SLOTS)),
+            Some(CONTEXT_SLOTS as i32)
+        );
+        assert_eq!(
+            table.device_of(ctx(CONTEXT_SLOTS + 5)),
+            None,
+            "past the table"
+        );
+    }
+}

@@ -1,1 +1,459 @@
-//! driver backend (being written).
+//! The CUDA driver's function table, loaded at run time.
+//!
+//! `libcuda.so.1` is opened with `dlopen` (no link-time dependency on any CUDA library), its
+//! `cuGetProcAddress_v2` found with the *real* `dlsym`, and every other function asked of
+//! `cuGetProcAddress_v2` by base name at an explicit version with flags 0, the way the CUDA
+//! runtime does it. This always yields the driver's own functions:
+//! - in the LD_PRELOAD library the public `dlsym` is our own hook, and the driver-level
+//!   symbols (`cuMemAlloc_v2`, ...) may be our own exports; `cuGetProcAddress_v2` of the
+//!   driver returns the driver's internal entry points, which nothing interposes;
+//! - a versioned query picks the ABI variant we were written against (`cuMemAlloc@3020` is
+//!   `cuMemAlloc_v2`), whatever the default for the bare name is.
+//!
+//! Why not cudarc's loader: it resolves every symbol through `libloading`, i.e. the public
+//! `dlsym` (our own hook inside the preload library), and panics when the library or a
+//! symbol is missing; neither is acceptable behind a C boundary. cudarc is used for types
+//! only.
+//!
+//! Every function pointer returns the raw `CUresult` as a `u32`: the driver may return codes
+//! newer than any Rust enum we compile against, and an unknown discriminant in a Rust enum is
+//! undefined behaviour. A symbol the driver lacks is `None` and fails only the calls that
+//! need it.
+
+use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+use cudarc::driver::sys::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUstream};
+
+use super::{BackendError, BackendResult};
+use crate::log;
+
+/// A raw `CUresult`.
+pub type CuResult = u32;
+
+/// `CUresult` codes the backend tells apart.
+pub mod code {
+    use super::CuResult;
+    pub const SUCCESS: CuResult = 0;
+    pub const INVALID_VALUE: CuResult = 1;
+    pub const OUT_OF_MEMORY: CuResult = 2;
+    pub const NOT_INITIALIZED: CuResult = 3;
+    pub const DEINITIALIZED: CuResult = 4;
+    pub const STUB_LIBRARY: CuResult = 34;
+    pub const INSUFFICIENT_DRIVER: CuResult = 35;
+    pub const CALL_REQUIRES_NEWER_DRIVER: CuResult = 36;
+    pub const DEVICE_UNAVAILABLE: CuResult = 46;
+    pub const NO_DEVICE: CuResult = 100;
+    pub const INVALID_DEVICE: CuResult = 101;
+    pub const INVALID_HANDLE: CuResult = 400;
+    pub const NOT_READY: CuResult = 600;
+    pub const SYSTEM_NOT_READY: CuResult = 802;
+    pub const SYSTEM_DRIVER_MISMATCH: CuResult = 803;
+    pub const COMPAT_NOT_SUPPORTED_ON_DEVICE: CuResult = 804;
+    pub const STREAM_CAPTURE_UNSUPPORTED: CuResult = 900;
+    pub const STREAM_CAPTURE_INVALIDATED: CuResult = 901;
+    /// Last of the stream-capture family (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`).
+    pub const STREAM_CAPTURE_WRONG_THREAD: CuResult = 908;
+    /// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`: the legacy stream was asked about while a
+    /// blocking stream of its context is capturing.
+    pub const STREAM_CAPTURE_IMPLICIT: CuResult = 906;
+    pub const UNKNOWN: CuResult = 999;
+}
+
+/// The error a failed driver call stands for.
+pub fn error_from_code(code: CuResult) -> BackendError {
+    match code {
+        code::OUT_OF_MEMORY => BackendError::OutOfMemory,
+        code::DEINITIALIZED => BackendError::ShuttingDown,
+        code::STREAM_CAPTURE_UNSUPPORTED..=code::STREAM_CAPTURE_WRONG_THREAD => {
+            BackendError::Capturing
+        }
+        code::INVALID_VALUE | code::INVALID_HANDLE | code::INVALID_DEVICE => {
+            BackendError::InvalidValue
+        }
+        // No usable driver or device at all.
+        code::NOT_INITIALIZED
+        | code::STUB_LIBRARY
+        | code::INSUFFICIENT_DRIVER
+        | code::CALL_REQUIRES_NEWER_DRIVER
+        | code::DEVICE_UNAVAILABLE
+        | code::NO_DEVICE
+        | code::SYSTEM_NOT_READY
+        | code::SYSTEM_DRIVER_MISMATCH
+        | code::COMPAT_NOT_SUPPORTED_ON_DEVICE
+        | code::UNKNOWN => BackendError::Unavailable,
+        other => BackendError::Driver(other),
+    }
+}
+
+/// `Ok` for `CUDA_SUCCESS`, the mapped error otherwise.
+#[inline]
+pub fn check(code: CuResult) -> BackendResult<()> {
+    if code == code::SUCCESS {
+        Ok(())
+    } else {
+        Err(error_from_code(code))
+    }
+}
+
+/// The function, or `Unavailable` when this driver lacks it.
+#[inline]
+pub fn required<F: Copy>(f: Option<F>) -> BackendResult<F> {
+    f.ok_or(BackendError::Unavailable)
+}
+
+pub type GetProcAddressV2Fn = unsafe extern "C" fn(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    symbol_status: *mut c_int,
+) -> CuResult;
+pub type GetProcAddressV1Fn = unsafe extern "C" fn(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CuResult;
+pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// The driver functions cupool calls. Each is the variant named in its comment.
+pub struct DriverApi {
+    /// The `dlopen` handle of `libcuda.so.1` (never closed).
+    library: usize,
+    /// `cuGetProcAddress_v2` (CUDA >= 12.0); `None` on older drivers.
+    pub get_proc_address_v2: Option<GetProcAddressV2Fn>,
+    /// `cuGetProcAddress` (the 4-argument v1, CUDA 11.3 to 12.x); used when v2 is absent.
+    pub get_proc_address_v1: Option<GetProcAddressV1Fn>,
+    pub init: Option<unsafe extern "C" fn(flags: c_uint) -> CuResult>,
+    pub driver_get_version: Option<unsafe extern "C" fn(*mut c_int) -> CuResult>,
+    pub get_error_name: Option<unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult>,
+    pub device_get: Option<unsafe extern "C" fn(*mut CUdevice, c_int) -> CuResult>,
+    pub device_get_count: Option<unsafe extern "C" fn(*mut c_int) -> CuResult>,
+    pub device_primary_ctx_retain:
+        Option<unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CuResult>,
+    pub ctx_get_current: Option<unsafe extern "C" fn(*mut CUcontext) -> CuResult>,
+    pub ctx_set_current: Option<unsafe extern "C" fn(CUcontext) -> CuResult>,
+    /// `cuCtxPushCurrent_v2`.
+    pub ctx_push_current: Option<unsafe extern "C" fn(CUcontext) -> CuResult>,
+    /// `cuCtxPopCurrent_v2`.
+    pub ctx_pop_current: Option<unsafe extern "C" fn(*mut CUcontext) -> CuResult>,
+    pub ctx_get_device: Option<unsafe extern "C" fn(*mut CUdevice) -> CuResult>,
+    /// `cuMemAlloc_v2`.
+    pub mem_alloc: Option<unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CuResult>,
+    /// `cuMemFree_v2`.
+    pub mem_free: Option<unsafe extern "C" fn(CUdeviceptr) -> CuResult>,
+    /// `cuMemGetInfo_v2`.
+    pub mem_get_info: Option<unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult>,
+    /// `cuMemGetAddressRange_v2`.
+    pub mem_get_address_range:
+        Option<unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> CuResult>,
+    /// `cuStreamGetId` (CUDA >= 12.0).
+    pub stream_get_id: Option<unsafe extern "C" fn(CUstream, *mut u64) -> CuResult>,
+    /// `cuStreamIsCapturing` (CUDA >= 10.0); the status is a `CUstreamCaptureStatus`.
+    pub stream_is_capturing: Option<unsafe extern "C" fn(CUstream, *mut c_int) -> CuResult>,
+    pub event_create: Option<unsafe extern "C" fn(*mut CUevent, c_uint) -> CuResult>,
+    pub event_record: Option<unsafe extern "C" fn(CUevent, CUstream) -> CuResult>,
+    pub event_query: Option<unsafe extern "C" fn(CUevent) -> CuResult>,
+    pub event_synchronize: Option<unsafe extern "C" fn(CUevent) -> CuResult>,
+    /// `cuEventDestroy_v2`.
+    pub event_destroy: Option<unsafe extern "C" fn(CUevent) -> CuResult>,
+    /// `cuCtxRecordEvent` (CUDA >= 12.5).
+    pub ctx_record_event: Option<unsafe extern "C" fn(CUcontext, CUevent) -> CuResult>,
+}
+
+impl DriverApi {
+    /// The `dlopen` handle of the driver library.
+    pub fn library_handle(&self) -> *mut c_void {
+        self.library as *mut c_void
+    }
+
+    /// Looks `symbol` up in the driver at `cuda_version` with `flags`, through
+    /// `cuGetProcAddress_v2` (or v1 on drivers older than 12.0). Null when the driver has
+    /// no such function at that version.
+    pub fn get_proc_address(&self, symbol: &CStr, cuda_version: c_int, flags: u64) -> *mut c_void {
+        let mut pfn: *mut c_void = core::ptr::null_mut();
+        let rc = if let Some(gpa) = self.get_proc_address_v2 {
+            let mut status: c_int = 0;
+            // SAFETY: the driver's cuGetProcAddress_v2 with valid out-pointers and a
+            // NUL-terminated name.
+            unsafe { gpa(symbol.as_ptr(), &mut pfn, cuda_version, flags, &mut status) }
+        } else if let Some(gpa) = self.get_proc_address_v1 {
+            // SAFETY: as above, for the 4-argument v1.
+            unsafe { gpa(symbol.as_ptr(), &mut pfn, cuda_version, flags) }
+        } else {
+            return core::ptr::null_mut();
+        };
+        if rc == code::SUCCESS {
+            pfn
+        } else {
+            core::ptr::null_mut()
+        }
+    }
+
+    /// The driver's name for `code` (`"CUDA_ERROR_OUT_OF_MEMORY"`), or `"unknown CUresult"`
+    /// when the driver does not know it.
+    pub fn error_name(&self, code: CuResult) -> &'static str {
+        let Some(f) = self.get_error_name else {
+            return "unknown CUresult";
+        };
+        let mut name: *const c_char = core::ptr::null();
+        // SAFETY: valid out-pointer; the driver returns a pointer to a static string.
+        let rc = unsafe { f(code, &mut name) };
+        if rc != code::SUCCESS || name.is_null() {
+            return "unknown CUresult";
+        }
+        // SAFETY: the driver's error names are static, NUL-terminated ASCII.
+        unsafe { CStr::from_ptr(name) }
+            .to_str()
+            .unwrap_or("unknown CUresult")
+    }
+}
+
+/// Fills one table slot: the named function at `version`, flags 0, as the field's type.
+macro_rules! resolve {
+    ($gpa:expr, $name:literal, $version:expr) => {{
+        let p = $gpa.get_proc_address($name, $version, 0);
+        if p.is_null() {
+            None
+        } else {
+            // SAFETY: the driver returned the function of that name and version, whose
+            // signature is the field's type (CUDA's documented ABI).
+            // The target type is inferred from the field the result is assigned to, where
+            // it is written out.
+            #[allow(clippy::missing_transmute_annotations)]
+            Some(unsafe { core::mem::transmute::<*mut c_void, _>(p) })
+        }
+    }};
+}
+
+const LIBCUDA: &CStr = c"libcuda.so.1";
+
+fn load() -> BackendResult<DriverApi> {
+    let library = open_libcuda();
+    if library.is_null() {
+        log::info(&format!(
+            "cupool: cannot load libcuda.so.1 ({}); the CUDA backend is unavailable",
+            last_dl_error()
+        ));
+        return Err(BackendError::Unavailable);
+    }
+    // SAFETY: a live handle and NUL-terminated names; each symbol, when present, is
+    // the driver's function of that name with the declared signature.
+    let (gpa_v2, gpa_v1) = unsafe {
+        let v2 = real_dlsym(library, c"cuGetProcAddress_v2".as_ptr());
+        let v1 = real_dlsym(library, c"cuGetProcAddress".as_ptr());
+        (
+            (!v2.is_null()).then(|| core::mem::transmute::<*mut c_void, GetProcAddressV2Fn>(v2)),
+            (!v1.is_null()).then(|| core::mem::transmute::<*mut c_void, GetProcAddressV1Fn>(v1)),
+        )
+    };
+    if gpa_v2.is_none() && gpa_v1.is_none() {
+        log::error(
+            "cupool: libcuda.so.1 has no cuGetProcAddress (driver older than CUDA 11.3?); \
+             the CUDA backend is unavailable",
+        );
+        return Err(BackendError::Unavailable);
+    }
+    let mut api = DriverApi {
+        library: library as usize,
+        get_proc_address_v2: gpa_v2,
+        get_proc_address_v1: gpa_v1,
+        init: None,
+        driver_get_version: None,
+        get_error_name: None,
+        device_get: None,
+        device_get_count: None,
+        device_primary_ctx_retain: None,
+        ctx_get_current: None,
+        ctx_set_current: None,
+        ctx_push_current: None,
+        ctx_pop_current: None,
+        ctx_get_device: None,
+        mem_alloc: None,
+        mem_free: None,
+        mem_get_info: None,
+        mem_get_address_range: None,
+        stream_get_id: None,
+        stream_is_capturing: None,
+        event_create: None,
+        event_record: None,
+        event_query: None,
+        event_synchronize: None,
+        event_destroy: None,
+        ctx_record_event: None,
+    };
+    // The query version of each function is the first release whose variant we call.
+    api.init = resolve!(api, c"cuInit", 2000);
+    api.driver_get_version = resolve!(api, c"cuDriverGetVersion", 2020);
+    api.get_error_name = resolve!(api, c"cuGetErrorName", 6000);
+    api.device_get = resolve!(api, c"cuDeviceGet", 2000);
+    api.device_get_count = resolve!(api, c"cuDeviceGetCount", 2000);
+    api.device_primary_ctx_retain = resolve!(api, c"cuDevicePrimaryCtxRetain", 7000);
+    api.ctx_get_current = resolve!(api, c"cuCtxGetCurrent", 4000);
+    api.ctx_set_current = resolve!(api, c"cuCtxSetCurrent", 4000);
+    api.ctx_push_current = resolve!(api, c"cuCtxPushCurrent", 4000);
+    api.ctx_pop_current = resolve!(api, c"cuCtxPopCurrent", 4000);
+    api.ctx_get_device = resolve!(api, c"cuCtxGetDevice", 2000);
+    api.mem_alloc = resolve!(api, c"cuMemAlloc", 3020);
+    api.mem_free = resolve!(api, c"cuMemFree", 3020);
+    api.mem_get_info = resolve!(api, c"cuMemGetInfo", 3020);
+    api.mem_get_address_range = resolve!(api, c"cuMemGetAddressRange", 3020);
+    api.stream_get_id = resolve!(api, c"cuStreamGetId", 12000);
+    api.stream_is_capturing = resolve!(api, c"cuStreamIsCapturing", 10000);
+    api.event_create = resolve!(api, c"cuEventCreate", 2000);
+    api.event_record = resolve!(api, c"cuEventRecord", 2000);
+    api.event_query = resolve!(api, c"cuEventQuery", 2000);
+    api.event_synchronize = resolve!(api, c"cuEventSynchronize", 2000);
+    api.event_destroy = resolve!(api, c"cuEventDestroy", 4000);
+    api.ctx_record_event = resolve!(api, c"cuCtxRecordEvent", 12050);
+    Ok(api)
+}
+
+/// Opens `libcuda.so.1`, reusing the copy already loaded by the program if there is one.
+fn open_libcuda() -> *mut c_void {
+    // SAFETY: dlopen with a NUL-terminated name and valid flags.
+    unsafe {
+        let loaded = libc::dlopen(LIBCUDA.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        if !loaded.is_null() {
+            return loaded;
+        }
+        libc::dlopen(LIBCUDA.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL)
+    }
+}
+
+fn last_dl_error() -> String {
+    // SAFETY: dlerror returns NULL or a NUL-terminated thread-local message.
+    let msg = unsafe { libc::dlerror() };
+    if msg.is_null() {
+        "no error text".to_owned()
+    } else {
+        // SAFETY: checked non-null above.
+        unsafe { CStr::from_ptr(msg) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+static DRIVER: OnceLock<BackendResult<DriverApi>> = OnceLock::new();
+
+thread_local! {
+    /// Set while this thread loads the driver: a call back into [`driver`] from inside
+    /// `dlopen` (a library constructor reaching a hook) must not wait for itself.
+    static LOADING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The driver's function table, loaded on first use. A failed load is logged once and
+/// answered with [`BackendError::Unavailable`] from then on.
+pub fn driver() -> BackendResult<&'static DriverApi> {
+    if let Some(loaded) = DRIVER.get() {
+        return loaded.as_ref().map_err(|e| *e);
+    }
+    if LOADING.try_with(Cell::get).unwrap_or(true) {
+        return Err(BackendError::Unavailable);
+    }
+    let _ = LOADING.try_with(|l| l.set(true));
+    let loaded = DRIVER.get_or_init(load);
+    let _ = LOADING.try_with(|l| l.set(false));
+    loaded.as_ref().map_err(|e| *e)
+}
+
+/// The driver's own `cuGetProcAddress_v2`, if the driver loads and has it.
+pub fn real_get_proc_address_v2() -> Option<GetProcAddressV2Fn> {
+    driver().ok().and_then(|d| d.get_proc_address_v2)
+}
+
+/// glibc's `RTLD_NEXT` and `RTLD_DEFAULT` (not exported by the `libc` crate for gnu).
+const RTLD_NEXT: *mut c_void = -1isize as *mut c_void;
+const RTLD_DEFAULT: *mut c_void = core::ptr::null_mut();
+
+/// glibc's own `dlsym`, found with `dlvsym` so that an interposed public `dlsym` (the
+/// preload library's hook) is never called from our code.
+fn real_dlsym_fn() -> Option<DlsymFn> {
+    static REAL: OnceLock<Option<DlsymFn>> = OnceLock::new();
+    *REAL.get_or_init(|| {
+        for scope in [RTLD_NEXT, RTLD_DEFAULT] {
+            for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+                // SAFETY: dlvsym with NUL-terminated names; the result, when non-null, is
+                // glibc's dlsym.
+                let p = unsafe { libc::dlvsym(scope, c"dlsym".as_ptr(), version.as_ptr()) };
+                if !p.is_null() {
+                    // SAFETY: dlsym has exactly this signature.
+                    return Some(unsafe { core::mem::transmute::<*mut c_void, DlsymFn>(p) });
+                }
+            }
+        }
+        None
+    })
+}
+
+/// `dlsym(handle, name)` through glibc's real `dlsym`, never an interposed one; null when
+/// not found (or when the real `dlsym` cannot be found, which glibc makes impossible in
+/// practice). The preload's `dlsym` hook forwards through this.
+///
+/// # Safety
+/// `handle` must be `RTLD_DEFAULT`, `RTLD_NEXT` or a live `dlopen` handle, and `name` null
+/// or a NUL-terminated string.
+pub unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    match real_dlsym_fn() {
+        // SAFETY: the caller's guarantees; `f` is glibc's dlsym.
+        Some(f) => unsafe { f(handle, name) },
+        None => core::ptr::null_mut(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn success_is_ok() {
+        assert_eq!(check(code::SUCCESS), Ok(()));
+    }
+
+    #[test]
+    fn codes_map_to_the_backend_errors() {
+        let cases = [
+            (2, BackendError::OutOfMemory),
+            (4, BackendError::ShuttingDown),
+            (900, BackendError::Capturing),
+            (901, BackendError::Capturing),
+            (906, BackendError::Capturing),
+            (908, BackendError::Capturing),
+            (1, BackendError::InvalidValue),
+            (400, BackendError::InvalidValue),
+            (101, BackendError::InvalidValue),
+            (3, BackendError::Unavailable),
+            (34, BackendError::Unavailable),
+            (35, BackendError::Unavailable),
+            (100, BackendError::Unavailable),
+            (999, BackendError::Unavailable),
+            (600, BackendError::Driver(600)),
+            (201, BackendError::Driver(201)),
+            (909, BackendError::Driver(909)),
+            (700, BackendError::Driver(700)),
+            (123_456, BackendError::Driver(123_456)),
+        ];
+        for (code, expected) in cases {
+            assert_eq!(error_from_code(code), expected, "CUresult {code}");
+            assert_eq!(check(code), Err(expected), "CUresult {code}");
+        }
+    }
+
+    #[test]
+    fn missing_function_is_unavailable() {
+        let missing: Option<unsafe extern "C" fn() -> CuResult> = None;
+        assert_eq!(required(missing).err(), Some(BackendError::Unavailable));
+    }
+
+    #[test]
+    fn real_dlsym_finds_libc_functions_and_not_missing_ones() {
+        // SAFETY: lookups in the global scope with NUL-terminated names.
+        unsafe {
+            assert!(!real_dlsym(RTLD_DEFAULT, c"malloc".as_ptr()).is_null());
+            let missing = c"cupool_no_such_symbol_anywhere";
+            assert!(real_dlsym(RTLD_DEFAULT, missing.as_ptr()).is_null());
+        }
+    }
+}

@@ -1,1 +1,321 @@
-//! host backend (being written).
+//! Host backend: host memory with simulated contexts, streams and events.
+//!
+//! It lets every pool test, the C API tests and users' own tests run on a machine with no
+//! GPU (`CUPOOL_CONF=backend:host`). Memory is real host memory (512-byte aligned), so a
+//! program can read and write what it allocates. Time is simulated: an event completes when
+//! the test says so (`complete_all`, `wait_event`) or at once when `host_auto_complete` is
+//! on (the default). Streams get unique ids; destroying a handle and reusing it gives a new
+//! id, as `cuStreamGetId` does.
+
+use super::{
+    Backend, BackendError, BackendResult, ContextId, ContextInfo, DevicePtr, EventHandle, StreamHandle,
+    StreamId,
+};
+use crate::config::{self, Key};
+use std::cell::Cell;
+use std::collections::HashMap;
+
+/// Devices the host backend pretends to have.
+pub const HOST_DEVICES: i32 = 2;
+/// Simulated memory per device unless changed with [`HostBackend::set_capacity`].
+pub const DEFAULT_CAPACITY: u64 = 8 << 30;
+/// First id of contexts made with [`HostBackend::create_context`] (primary contexts are
+/// `device + 1`).
+const FIRST_EXTRA_CONTEXT: u64 = 1000;
+
+thread_local! {
+    static CURRENT: Cell<Option<ContextInfo>> = const { Cell::new(None) };
+}
+
+struct State {
+    /// Live allocations: address → (bytes, device).
+    allocations: HashMap<u64, (u64, i32)>,
+    live_bytes: [u64; HOST_DEVICES as usize],
+    capacity: u64,
+    /// Stream handle → id; ids are never reused.
+    streams: HashMap<StreamHandle, u64>,
+    next_stream_id: u64,
+    next_context: u64,
+    contexts: HashMap<u64, i32>,
+    /// Recorded events: id → (context, done). Ids grow in record order.
+    events: HashMap<u64, (u64, bool)>,
+    next_event: u64,
+    /// Contexts whose events complete only when a test says so.
+    manual: std::collections::HashSet<u64>,
+    capturing: u32,
+    /// Counters tests read.
+    pub allocs: u64,
+    pub releases: u64,
+    pub events_recorded: u64,
+    pub fences_recorded: u64,
+    fail_next_alloc: Option<BackendError>,
+}
+
+/// What a test can observe about the backend.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostCounters {
+    pub allocs: u64,
+    pub releases: u64,
+    pub events_recorded: u64,
+    pub fences_recorded: u64,
+    pub live_bytes: u64,
+}
+
+pub struct HostBackend {
+    state: spin::Mutex<State>,
+}
+
+impl Default for HostBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HostBackend {
+    pub fn new() -> Self {
+        HostBackend {
+            state: spin::Mutex::new(State {
+                allocations: HashMap::new(),
+                live_bytes: [0; HOST_DEVICES as usize],
+                capacity: DEFAULT_CAPACITY,
+                streams: HashMap::new(),
+                next_stream_id: 16,
+                next_context: FIRST_EXTRA_CONTEXT,
+                contexts: HashMap::new(),
+                events: HashMap::new(),
+                next_event: 1,
+                manual: std::collections::HashSet::new(),
+                capturing: 0,
+                allocs: 0,
+                releases: 0,
+                events_recorded: 0,
+                fences_recorded: 0,
+                fail_next_alloc: None,
+            }),
+        }
+    }
+
+    /// Simulated memory per device.
+    pub fn set_capacity(&self, bytes: u64) {
+        self.state.lock().capacity = bytes;
+    }
+
+    /// A new context on `device` (tests use one per test to get a private pool).
+    pub fn create_context(&self, device: i32) -> ContextInfo {
+        let mut s = self.state.lock();
+        let id = s.next_context;
+        s.next_context += 1;
+        s.contexts.insert(id, device);
+        ContextInfo {
+            id: ContextId(id),
+            device,
+        }
+    }
+
+    /// Makes `ctx` the calling thread's current context.
+    pub fn make_current(&self, ctx: ContextInfo) {
+        CURRENT.with(|c| c.set(Some(ctx)));
+    }
+
+    /// Forgets a stream handle: the next use of the same handle names a new stream.
+    pub fn destroy_stream(&self, handle: StreamHandle) {
+        self.state.lock().streams.remove(&handle);
+    }
+
+    /// Holds the events of `ctx` in flight until [`HostBackend::complete_all`] (or a wait)
+    /// completes them, whatever `host_auto_complete` says.
+    pub fn set_manual_completion(&self, ctx: ContextId, manual: bool) {
+        let mut s = self.state.lock();
+        if manual {
+            s.manual.insert(ctx.0);
+        } else {
+            s.manual.remove(&ctx.0);
+        }
+    }
+
+    /// Completes all work recorded so far in `ctx`.
+    pub fn complete_all(&self, ctx: ContextId) {
+        let mut s = self.state.lock();
+        for (c, done) in s.events.values_mut() {
+            if *c == ctx.0 {
+                *done = true;
+            }
+        }
+    }
+
+    /// Events recorded and not yet completed in `ctx`.
+    pub fn in_flight(&self, ctx: ContextId) -> usize {
+        self.state.lock().events.values().filter(|(c, d)| *c == ctx.0 && !d).count()
+    }
+
+    /// Simulates a stream capture in progress (context fences fail while one is active).
+    pub fn set_capturing(&self, on: bool) {
+        let mut s = self.state.lock();
+        if on {
+            s.capturing += 1;
+        } else {
+            s.capturing = s.capturing.saturating_sub(1);
+        }
+    }
+
+    /// The next allocation fails with `e` (fault injection).
+    pub fn fail_next_alloc(&self, e: BackendError) {
+        self.state.lock().fail_next_alloc = Some(e);
+    }
+
+    pub fn counters(&self) -> HostCounters {
+        let s = self.state.lock();
+        HostCounters {
+            allocs: s.allocs,
+            releases: s.releases,
+            events_recorded: s.events_recorded,
+            fences_recorded: s.fences_recorded,
+            live_bytes: s.live_bytes.iter().sum(),
+        }
+    }
+
+    fn device_of(&self, ctx: ContextId) -> BackendResult<i32> {
+        if (1..=HOST_DEVICES as u64).contains(&ctx.0) {
+            return Ok(ctx.0 as i32 - 1);
+        }
+        self.state
+            .lock()
+            .contexts
+            .get(&ctx.0)
+            .copied()
+            .ok_or(BackendError::InvalidValue)
+    }
+
+    fn record(&self, ctx: ContextId) -> EventHandle {
+        let auto = config::get_bool(Key::HostAutoComplete);
+        let mut s = self.state.lock();
+        let ev = s.next_event;
+        s.next_event += 1;
+        let done = auto && !s.manual.contains(&ctx.0);
+        s.events.insert(ev, (ctx.0, done));
+        EventHandle(ev)
+    }
+}
+
+impl Backend for HostBackend {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn current_context(&self) -> BackendResult<ContextInfo> {
+        Ok(CURRENT
+            .try_with(|c| c.get())
+            .ok()
+            .flatten()
+            .unwrap_or(ContextInfo {
+                id: ContextId(1),
+                device: 0,
+            }))
+    }
+
+    fn device_context(&self, device: i32) -> BackendResult<ContextInfo> {
+        if !(0..HOST_DEVICES).contains(&device) {
+            return Err(BackendError::InvalidValue);
+        }
+        Ok(ContextInfo {
+            id: ContextId(device as u64 + 1),
+            device,
+        })
+    }
+
+    fn device_count(&self) -> BackendResult<i32> {
+        Ok(HOST_DEVICES)
+    }
+
+    fn stream_id(&self, stream: StreamHandle) -> BackendResult<StreamId> {
+        let mut s = self.state.lock();
+        if let Some(&id) = s.streams.get(&stream) {
+            return Ok(StreamId(id));
+        }
+        let id = s.next_stream_id;
+        s.next_stream_id += 1;
+        s.streams.insert(stream, id);
+        Ok(StreamId(id))
+    }
+
+    fn allocate(&self, ctx: ContextId, bytes: u64) -> BackendResult<DevicePtr> {
+        let device = self.device_of(ctx)?;
+        let mut s = self.state.lock();
+        if let Some(e) = s.fail_next_alloc.take() {
+            return Err(e);
+        }
+        if s.live_bytes[device as usize] + bytes > s.capacity {
+            return Err(BackendError::OutOfMemory);
+        }
+        let align = if bytes >= 2 << 20 { 2 << 20 } else { 512 };
+        let mut p: *mut libc::c_void = core::ptr::null_mut();
+        // SAFETY: posix_memalign writes p on success only.
+        let rc = unsafe { libc::posix_memalign(&mut p, align, bytes as usize) };
+        if rc != 0 || p.is_null() {
+            return Err(BackendError::OutOfMemory);
+        }
+        s.allocations.insert(p as u64, (bytes, device));
+        s.live_bytes[device as usize] += bytes;
+        s.allocs += 1;
+        Ok(p as u64)
+    }
+
+    fn release(&self, _ctx: ContextId, ptr: DevicePtr, _bytes: u64) -> BackendResult<()> {
+        let mut s = self.state.lock();
+        let Some((bytes, device)) = s.allocations.remove(&ptr) else {
+            return Err(BackendError::InvalidValue);
+        };
+        s.live_bytes[device as usize] -= bytes;
+        s.releases += 1;
+        drop(s);
+        // SAFETY: allocated by posix_memalign above and removed from the table once.
+        unsafe { libc::free(ptr as *mut libc::c_void) };
+        Ok(())
+    }
+
+    fn record_stream_event(&self, ctx: ContextId, _stream: StreamHandle) -> BackendResult<EventHandle> {
+        let ev = self.record(ctx);
+        self.state.lock().events_recorded += 1;
+        Ok(ev)
+    }
+
+    fn record_context_fence(&self, ctx: ContextId) -> BackendResult<EventHandle> {
+        if self.state.lock().capturing > 0 {
+            return Err(BackendError::Capturing);
+        }
+        let ev = self.record(ctx);
+        self.state.lock().fences_recorded += 1;
+        Ok(ev)
+    }
+
+    fn event_completed(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<bool> {
+        self.state
+            .lock()
+            .events
+            .get(&event.0)
+            .map(|&(_, done)| done)
+            .ok_or(BackendError::InvalidValue)
+    }
+
+    fn wait_event(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<()> {
+        // Waiting means the simulated device ran the context's work up to this event.
+        let mut s = self.state.lock();
+        let ctx = s.events.get(&event.0).ok_or(BackendError::InvalidValue)?.0;
+        for (id, (c, done)) in s.events.iter_mut() {
+            if *c == ctx && *id <= event.0 {
+                *done = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn recycle_event(&self, _ctx: ContextId, event: EventHandle) {
+        self.state.lock().events.remove(&event.0);
+    }
+
+    fn memory_info(&self, ctx: ContextId) -> BackendResult<(u64, u64)> {
+        let device = self.device_of(ctx)?;
+        let s = self.state.lock();
+        Ok((s.capacity - s.live_bytes[device as usize], s.capacity))
+    }
+}

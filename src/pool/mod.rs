@@ -1,1 +1,1101 @@
-//! The caching pool (being written).
+//! The caching pool: device-agnostic, no CUDA calls of its own (it talks to a
+//! [`Backend`]).
+//!
+//! Glossary
+//! - **segment**: one allocation obtained from the backend (`cuMemAlloc`). Small segments
+//!   (`small_segment`, 2 MiB) are carved into blocks of up to 1 MiB; large segments hold
+//!   larger blocks. A segment goes back to the driver only when it is one free block again.
+//! - **block**: a contiguous part of a segment, free or handed out ([`block::Block`]).
+//!   Blocks are 512-byte multiples; adjacent free blocks of a segment merge.
+//! - **size class**: blocks are indexed by class ([`size_class`]), eight per power of two.
+//! - **shared index**: free blocks any stream may take ([`free_index::FreeIndex`]).
+//! - **stream state**: per stream, the blocks freed on it that only it may take until an
+//!   event recorded after their free completes, in free order (its age list).
+//! - **fence queue**: blocks freed without a stream (or on a foreign stream): nobody may
+//!   take them until a context fence recorded after their free completes.
+//! - **clock / epoch**: a counter of the pool; a freed block is stamped with the clock, and
+//!   an event or fence recorded when the clock read `e` covers every block stamped `<= e`.
+//! - **thread cache**: per thread and stream, recently freed blocks reused with no lock
+//!   ([`thread_cache`]).
+//!
+//! Note [locks]: `shared` (a spin lock) guards the indexes and lists and is held only for
+//! short metadata work, never across a backend call. `events` serialises recording and
+//! polling of events and fences (so an event is never recycled while another thread
+//! queries it); it is taken only when a request missed the cache, on OOM, and by
+//! `empty_cache`, and it is the only lock held across backend calls. Order: `events` before
+//! `shared`.
+
+pub mod address_map;
+pub mod block;
+pub mod counters;
+pub mod fifo;
+pub mod free_index;
+pub mod size_class;
+pub mod thread_cache;
+
+use crate::backend::{Backend, BackendError, ContextInfo, EventHandle, StreamHandle};
+use crate::config::{self, Key};
+use crate::stats::{CupoolStat, CupoolStats};
+use crate::status::{CupoolStatus, Result};
+use address_map::AddressMap;
+use block::{BlockIdx, BlockTable, Place, SegmentKind, NIL};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use counters::{Level, ThreadCounters};
+use fifo::Fifo;
+use free_index::FreeIndex;
+use size_class::ALIGNMENT;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// Every block record of the process.
+pub static BLOCKS: BlockTable = BlockTable::new();
+/// Block start address → record, for every pool of the process (device addresses are
+/// unique across contexts under unified addressing).
+pub static ADDRESSES: AddressMap = AddressMap::new();
+
+/// Most device pools (contexts) one process can have.
+pub const MAX_POOLS: usize = 64;
+static POOLS: [AtomicPtr<DevicePool>; MAX_POOLS] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_POOLS];
+static POOL_COUNT: AtomicU32 = AtomicU32::new(0);
+static POOL_CREATE: spin::Mutex<()> = spin::Mutex::new(());
+
+/// Set when the process is exiting or is a fork child: no backend call may be made.
+pub static BACKEND_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Largest block carved from small segments.
+pub const SMALL_MAX: u64 = 1 << 20;
+/// A large block is split only when the remainder is at least this big (smaller remainders
+/// stay with the block: splitting them off would only make fragments).
+const LARGE_SPLIT_MIN: u64 = 1 << 20;
+/// Granularity of large segments (the driver's own).
+const SEGMENT_GRANULE: u64 = 2 << 20;
+
+/// The stream a block was allocated for, `STREAMLESS` for `cupool_alloc`.
+pub const STREAMLESS: u64 = u64::MAX;
+
+/// A stream as the pool sees it: its unique id and the handle last used with it.
+#[derive(Copy, Clone, Debug)]
+pub struct StreamRef {
+    pub id: u64,
+    pub handle: StreamHandle,
+}
+
+/// The pool with index `i`, if created.
+#[inline]
+pub fn pool_by_index(i: u16) -> Option<&'static DevicePool> {
+    let p = POOLS.get(i as usize)?.load(Ordering::Acquire);
+    // SAFETY: pools are leaked on creation and never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// Every pool created so far.
+pub fn all_pools() -> impl Iterator<Item = &'static DevicePool> {
+    let n = POOL_COUNT.load(Ordering::Acquire) as u16;
+    (0..n).filter_map(pool_by_index)
+}
+
+/// The pool of `ctx`, created on first use.
+pub fn pool_for(ctx: ContextInfo, backend: &'static dyn Backend) -> Result<&'static DevicePool> {
+    if let Some(p) = all_pools().find(|p| p.ctx.id == ctx.id) {
+        return Ok(p);
+    }
+    let _g = POOL_CREATE.lock();
+    if let Some(p) = all_pools().find(|p| p.ctx.id == ctx.id) {
+        return Ok(p);
+    }
+    let n = POOL_COUNT.load(Ordering::Acquire) as usize;
+    if n == MAX_POOLS {
+        crate::log::error("cupool: too many CUDA contexts in one process (limit 64)");
+        return Err(CupoolStatus::CupoolErrorInternal);
+    }
+    let pool = Box::leak(Box::new(DevicePool::new(n as u16, ctx, backend)));
+    POOLS[n].store(pool, Ordering::Release);
+    POOL_COUNT.store(n as u32 + 1, Ordering::Release);
+    Ok(pool)
+}
+
+#[derive(Default, Copy, Clone)]
+struct SlowCounts {
+    misses: u64,
+    device_allocs: u64,
+    device_frees: u64,
+    retries: u64,
+    ooms: u64,
+    fences: u64,
+    cross_stream: u64,
+}
+
+struct StreamState {
+    id: u64,
+    /// The handle last used with this stream (checked against `id` before recording).
+    handle: StreamHandle,
+    small: FreeIndex,
+    large: FreeIndex,
+    /// Every block of `small` and `large`, in free order.
+    age: Fifo,
+    /// Recorded events: (event, clock value it covers).
+    events: VecDeque<(EventHandle, u64)>,
+    /// Highest clock value covered by an event of this stream.
+    sealed: u64,
+    /// Highest clock value whose event has completed.
+    done: u64,
+}
+
+impl StreamState {
+    fn new(id: u64, handle: StreamHandle) -> Self {
+        StreamState {
+            id,
+            handle,
+            small: FreeIndex::new(),
+            large: FreeIndex::new(),
+            age: Fifo::new(),
+            events: VecDeque::new(),
+            sealed: 0,
+            done: 0,
+        }
+    }
+
+    fn index(&mut self, kind: SegmentKind) -> &mut FreeIndex {
+        match kind {
+            SegmentKind::Small => &mut self.small,
+            SegmentKind::Large => &mut self.large,
+        }
+    }
+}
+
+struct Shared {
+    small: FreeIndex,
+    large: FreeIndex,
+    streams: Vec<StreamState>,
+    stream_pos: HashMap<u64, usize>,
+    /// Blocks awaiting a context fence, in free order.
+    fence_queue: Fifo,
+    fences: VecDeque<(EventHandle, u64)>,
+    /// Blocks pushed to the fence queue since the last fence.
+    unsealed_fence_blocks: u64,
+    fence_sealed: u64,
+    fence_done: u64,
+    clock: u64,
+    reserved: u64,
+    reserved_peak: u64,
+    /// Segment base → its head block.
+    segments: BTreeMap<u64, BlockIdx>,
+    slow: SlowCounts,
+}
+
+impl Shared {
+    fn index(&mut self, kind: SegmentKind) -> &mut FreeIndex {
+        match kind {
+            SegmentKind::Small => &mut self.small,
+            SegmentKind::Large => &mut self.large,
+        }
+    }
+
+    fn stream(&mut self, s: StreamRef) -> &mut StreamState {
+        let pos = match self.stream_pos.get(&s.id) {
+            Some(&p) => p,
+            None => {
+                self.streams.push(StreamState::new(s.id, s.handle));
+                let p = self.streams.len() - 1;
+                self.stream_pos.insert(s.id, p);
+                p
+            }
+        };
+        let st = &mut self.streams[pos];
+        st.handle = s.handle;
+        st
+    }
+}
+
+/// Which work a fence-advance pass may do.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Advance {
+    /// Record events/fences for unsealed frees and poll the outstanding ones.
+    SealAndPoll,
+    /// Record, then wait for every outstanding event and fence (OOM path, empty_cache).
+    SealAndWait,
+}
+
+/// One context's pool.
+pub struct DevicePool {
+    pub index: u16,
+    pub ctx: ContextInfo,
+    backend: &'static dyn Backend,
+    shared: spin::Mutex<Shared>,
+    events: spin::Mutex<()>,
+    /// Cap on reserved bytes, 0 = none (`memory_limit`).
+    limit: AtomicU64,
+    capture_depth: AtomicU32,
+    peak_epoch: AtomicU64,
+    peaks: [AtomicU64; counters::LEVELS],
+}
+
+impl DevicePool {
+    fn new(index: u16, ctx: ContextInfo, backend: &'static dyn Backend) -> Self {
+        DevicePool {
+            index,
+            ctx,
+            backend,
+            shared: spin::Mutex::new(Shared {
+                small: FreeIndex::new(),
+                large: FreeIndex::new(),
+                streams: Vec::new(),
+                stream_pos: HashMap::new(),
+                fence_queue: Fifo::new(),
+                fences: VecDeque::new(),
+                unsealed_fence_blocks: 0,
+                fence_sealed: 0,
+                fence_done: 0,
+                clock: 1,
+                reserved: 0,
+                reserved_peak: 0,
+                segments: BTreeMap::new(),
+                slow: SlowCounts::default(),
+            }),
+            events: spin::Mutex::new(()),
+            limit: AtomicU64::new(config::get(Key::MemoryLimit)),
+            capture_depth: AtomicU32::new(0),
+            peak_epoch: AtomicU64::new(0),
+            peaks: core::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    pub fn set_limit(&self, bytes: u64) {
+        self.limit.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub fn capture_begin(&self) {
+        self.capture_depth.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn capture_end(&self) {
+        let _ = self
+            .capture_depth
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1));
+    }
+
+    pub fn capturing(&self) -> bool {
+        self.capture_depth.load(Ordering::Acquire) != 0
+    }
+
+    #[inline]
+    pub fn peak_epoch(&self) -> u64 {
+        self.peak_epoch.load(Ordering::Relaxed)
+    }
+
+    /// Whether fences, syncs and releases may be issued now.
+    fn may_order(&self) -> bool {
+        !self.capturing() && !BACKEND_OFF.load(Ordering::Relaxed)
+    }
+
+    /// Recomputes the pool-wide peak of `level` after a thread reached a new high.
+    #[cold]
+    pub fn update_peak(&self, level: Level) {
+        let total = thread_cache::sum_level(self.index, level).max(0) as u64;
+        self.peaks[level as usize].fetch_max(total, Ordering::Relaxed);
+    }
+
+    /// Bookkeeping for a block handed to the program (any path).
+    #[inline]
+    pub fn note_allocated(&self, c: &ThreadCounters, size: u64, requested: u64) {
+        let epoch = self.peak_epoch();
+        c.count(counters::Count::Allocs);
+        if c.raise(Level::Allocated, size, epoch).0 {
+            self.update_peak(Level::Allocated);
+        }
+        if c.raise(Level::Requested, requested, epoch).0 {
+            self.update_peak(Level::Requested);
+        }
+        c.lower(Level::Cached, size);
+    }
+
+    /// Bookkeeping for a block the program gave back (any path).
+    #[inline]
+    pub fn note_freed(&self, c: &ThreadCounters, size: u64, requested: u64) {
+        c.count(counters::Count::Frees);
+        c.lower(Level::Allocated, size);
+        c.lower(Level::Requested, requested);
+        if c.raise(Level::Cached, size, self.peak_epoch()).0 {
+            self.update_peak(Level::Cached);
+        }
+    }
+
+    fn kind_for(size: u64) -> SegmentKind {
+        if size <= SMALL_MAX {
+            SegmentKind::Small
+        } else {
+            SegmentKind::Large
+        }
+    }
+
+    fn segment_size_for(&self, size: u64, kind: SegmentKind) -> u64 {
+        match kind {
+            SegmentKind::Small => config::get(Key::SmallSegment).max(SMALL_MAX),
+            SegmentKind::Large => {
+                let large = config::get(Key::LargeSegment).max(2 * SMALL_MAX);
+                if size <= large / 2 {
+                    large
+                } else {
+                    size.div_ceil(SEGMENT_GRANULE) * SEGMENT_GRANULE
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- allocation
+
+    /// Allocates a block that missed the thread cache. `flush_own_cache` is called before
+    /// the out-of-memory retry, so blocks the calling thread holds are not left out.
+    pub fn alloc_slow(
+        &self,
+        c: &ThreadCounters,
+        size: u64,
+        requested: u64,
+        stream: Option<StreamRef>,
+        flush_own_cache: &mut dyn FnMut(),
+    ) -> Result<u64> {
+        let kind = Self::kind_for(size);
+        if let Some(ptr) = self.try_fit(c, size, requested, kind, stream) {
+            return Ok(ptr);
+        }
+        if self.may_order() && self.advance(Advance::SealAndPoll, c) {
+            if let Some(ptr) = self.try_fit(c, size, requested, kind, stream) {
+                return Ok(ptr);
+            }
+        }
+        self.shared.lock().slow.misses += 1;
+        match self.grow_and_carve(c, size, requested, kind, stream) {
+            Ok(ptr) => return Ok(ptr),
+            Err(CupoolStatus::CupoolErrorOutOfMemory) => {}
+            Err(e) => return Err(e),
+        }
+        // Out of memory: give back what the pool can, then try once more.
+        self.shared.lock().slow.retries += 1;
+        crate::log::info(&format!(
+            "cupool: device {} out of memory for {size} bytes; waiting for pending frees and releasing cached memory",
+            self.ctx.device
+        ));
+        flush_own_cache();
+        if self.may_order() {
+            self.advance(Advance::SealAndWait, c);
+            if let Some(ptr) = self.try_fit(c, size, requested, kind, stream) {
+                return Ok(ptr);
+            }
+            self.release_idle_segments(c);
+        }
+        match self.grow_and_carve(c, size, requested, kind, stream) {
+            Ok(ptr) => Ok(ptr),
+            Err(e) => {
+                if e == CupoolStatus::CupoolErrorOutOfMemory {
+                    self.shared.lock().slow.ooms += 1;
+                    crate::log::info(&format!(
+                        "cupool: device {} out of memory: {size} bytes requested",
+                        self.ctx.device
+                    ));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes a fitting free block the caller may use, from its stream's own frees first,
+    /// then from the shared index.
+    fn try_fit(
+        &self,
+        c: &ThreadCounters,
+        size: u64,
+        requested: u64,
+        kind: SegmentKind,
+        stream: Option<StreamRef>,
+    ) -> Option<u64> {
+        let mut sh = self.shared.lock();
+        // SAFETY: pool lock held for every record touched below.
+        unsafe {
+            if let Some(s) = stream {
+                if let Some(&pos) = sh.stream_pos.get(&s.id) {
+                    let st = &mut sh.streams[pos];
+                    st.handle = s.handle;
+                    if let Some(idx) = st.index(kind).find(&BLOCKS, size) {
+                        st.index(kind).remove(&BLOCKS, idx);
+                        BLOCKS.get(idx).data().place = Place::Allocated;
+                        match self.split(idx, size, kind, Place::FreeOnStream) {
+                            Some(rest) => {
+                                st.age.replace(&BLOCKS, idx, rest);
+                                st.index(kind).insert(&BLOCKS, rest);
+                            }
+                            None => st.age.remove(&BLOCKS, idx),
+                        }
+                        drop(sh);
+                        return Some(self.hand_out(c, idx, requested, stream));
+                    }
+                }
+            }
+            let idx = sh.index(kind).find(&BLOCKS, size)?;
+            sh.index(kind).remove(&BLOCKS, idx);
+            // Taken: a remainder split off below must not merge back into it.
+            BLOCKS.get(idx).data().place = Place::Allocated;
+            if let Some(rest) = self.split(idx, size, kind, Place::FreeShared) {
+                self.insert_shared(&mut sh, rest);
+            }
+            drop(sh);
+            Some(self.hand_out(c, idx, requested, stream))
+        }
+    }
+
+    /// Splits `idx` so that it is `size` bytes long, when the remainder is worth keeping;
+    /// returns the remainder's record (same stream and stamp as `idx`, in `rest_place`; the
+    /// caller puts it in the matching index).
+    ///
+    /// # Safety
+    /// Pool lock held; `idx` is owned by the caller (in no index).
+    unsafe fn split(&self, idx: BlockIdx, size: u64, kind: SegmentKind, rest_place: Place) -> Option<BlockIdx> {
+        let d = BLOCKS.get(idx).data();
+        let rest_size = d.size - size;
+        let min = match kind {
+            SegmentKind::Small => ALIGNMENT,
+            SegmentKind::Large => LARGE_SPLIT_MIN,
+        };
+        if rest_size < min {
+            return None;
+        }
+        let rest = BLOCKS.allocate()?;
+        let r = BLOCKS.get(rest).data();
+        *r = *d;
+        r.ptr = d.ptr + size;
+        r.size = rest_size;
+        r.requested = 0;
+        r.place = rest_place;
+        r.segment_head = false;
+        r.segment_size = 0;
+        r.seg_prev = idx;
+        r.seg_next = d.seg_next;
+        r.list_prev = NIL;
+        r.list_next = NIL;
+        r.fifo_prev = NIL;
+        r.fifo_next = NIL;
+        if d.seg_next != NIL {
+            BLOCKS.get(d.seg_next).data().seg_prev = rest;
+        }
+        d.seg_next = rest;
+        d.size = size;
+        BLOCKS.get(rest).publish_free(r.ptr);
+        ADDRESSES.set(r.ptr, rest);
+        Some(rest)
+    }
+
+    /// Marks `idx` as handed to the program and does its bookkeeping.
+    fn hand_out(&self, c: &ThreadCounters, idx: BlockIdx, requested: u64, stream: Option<StreamRef>) -> u64 {
+        let b = BLOCKS.get(idx);
+        // SAFETY: the caller took `idx` out of every list; nobody else refers to it.
+        let d = unsafe { b.data() };
+        d.place = Place::Allocated;
+        d.requested = requested;
+        d.stream = stream.map_or(STREAMLESS, |s| s.id);
+        let (ptr, size) = (d.ptr, d.size);
+        self.note_allocated(c, size, requested);
+        b.publish_allocated(ptr);
+        ptr
+    }
+
+    /// Puts a free block in the shared index, merging it with free neighbours.
+    ///
+    /// # Safety
+    /// Pool lock held; `idx` is owned by the caller (in no index or FIFO).
+    unsafe fn insert_shared(&self, sh: &mut Shared, idx: BlockIdx) {
+        let mut idx = idx;
+        let d = BLOCKS.get(idx).data();
+        let kind = d.kind;
+        let prev = d.seg_prev;
+        if prev != NIL && BLOCKS.get(prev).data().place == Place::FreeShared {
+            sh.index(kind).remove(&BLOCKS, prev);
+            Self::absorb_next(prev);
+            idx = prev;
+        }
+        let next = BLOCKS.get(idx).data().seg_next;
+        if next != NIL && BLOCKS.get(next).data().place == Place::FreeShared {
+            sh.index(kind).remove(&BLOCKS, next);
+            Self::absorb_next(idx);
+        }
+        let d = BLOCKS.get(idx).data();
+        d.place = Place::FreeShared;
+        d.stream = 0;
+        d.requested = 0;
+        sh.index(kind).insert(&BLOCKS, idx);
+    }
+
+    /// Merges `idx`'s next neighbour into `idx` and frees the neighbour's record.
+    ///
+    /// # Safety
+    /// Pool lock held; both blocks are owned by the caller.
+    unsafe fn absorb_next(idx: BlockIdx) {
+        let d = BLOCKS.get(idx).data();
+        let next = d.seg_next;
+        let n = *BLOCKS.get(next).data();
+        d.size += n.size;
+        d.seg_next = n.seg_next;
+        if n.seg_next != NIL {
+            BLOCKS.get(n.seg_next).data().seg_prev = idx;
+        }
+        ADDRESSES.clear(n.ptr);
+        BLOCKS.release(next);
+    }
+
+    /// Gets a new segment from the backend (no lock held during the call) and carves the
+    /// block from it.
+    fn grow_and_carve(
+        &self,
+        c: &ThreadCounters,
+        size: u64,
+        requested: u64,
+        kind: SegmentKind,
+        stream: Option<StreamRef>,
+    ) -> Result<u64> {
+        if self.capturing() {
+            // A fence, sync or driver allocation now could invalidate the capture; the
+            // interposer hands the request to the driver unchanged.
+            return Err(CupoolStatus::CupoolErrorStreamCapture);
+        }
+        if BACKEND_OFF.load(Ordering::Relaxed) {
+            return Err(CupoolStatus::CupoolErrorBackendUnavailable);
+        }
+        let standard = self.segment_size_for(size, kind);
+        let minimal = match kind {
+            SegmentKind::Small => standard,
+            SegmentKind::Large => size.div_ceil(SEGMENT_GRANULE) * SEGMENT_GRANULE,
+        };
+        let mut last = CupoolStatus::CupoolErrorOutOfMemory;
+        for seg_size in [standard, minimal] {
+            if seg_size == minimal && standard == minimal && last != CupoolStatus::CupoolErrorOutOfMemory {
+                break;
+            }
+            let limit = self.limit();
+            if limit != 0 && self.shared.lock().reserved + seg_size > limit {
+                last = CupoolStatus::CupoolErrorOutOfMemory;
+                if seg_size == minimal {
+                    break;
+                }
+                continue;
+            }
+            match self.backend.allocate(self.ctx.id, seg_size) {
+                Ok(ptr) => return self.adopt_segment(c, ptr, seg_size, size, requested, kind, stream),
+                Err(BackendError::OutOfMemory) => last = CupoolStatus::CupoolErrorOutOfMemory,
+                Err(e) => {
+                    crate::log::info(&format!("cupool: segment allocation failed: {e:?}"));
+                    return Err(e.into());
+                }
+            }
+            if standard == minimal {
+                break;
+            }
+        }
+        Err(last)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn adopt_segment(
+        &self,
+        c: &ThreadCounters,
+        ptr: u64,
+        seg_size: u64,
+        size: u64,
+        requested: u64,
+        kind: SegmentKind,
+        stream: Option<StreamRef>,
+    ) -> Result<u64> {
+        if ptr % ALIGNMENT != 0 || ptr >= address_map::ADDRESS_LIMIT {
+            // Never seen from CUDA; refuse rather than hand out memory we cannot track.
+            let _ = self.backend.release(self.ctx.id, ptr, seg_size);
+            crate::log::error("cupool: backend returned an address the pool cannot track");
+            return Err(CupoolStatus::CupoolErrorInternal);
+        }
+        let Some(idx) = BLOCKS.allocate() else {
+            let _ = self.backend.release(self.ctx.id, ptr, seg_size);
+            return Err(CupoolStatus::CupoolErrorOutOfMemory);
+        };
+        let mut sh = self.shared.lock();
+        // SAFETY: the record is new and ours; pool lock held.
+        unsafe {
+            let d = BLOCKS.get(idx).data();
+            d.ptr = ptr;
+            d.size = seg_size;
+            d.requested = 0;
+            d.stream = 0;
+            d.free_epoch = 0;
+            d.seg_prev = NIL;
+            d.seg_next = NIL;
+            d.pool = self.index;
+            d.kind = kind;
+            // About to be handed out: a remainder split off below must not merge into it.
+            d.place = Place::Allocated;
+            d.segment_head = true;
+            d.segment_size = seg_size;
+            BLOCKS.get(idx).publish_free(ptr);
+            ADDRESSES.set(ptr, idx);
+            sh.segments.insert(ptr, idx);
+            sh.reserved += seg_size;
+            sh.reserved_peak = sh.reserved_peak.max(sh.reserved);
+            sh.slow.device_allocs += 1;
+            if c.raise(Level::Cached, seg_size, self.peak_epoch()).0 {
+                drop(sh);
+                self.update_peak(Level::Cached);
+                sh = self.shared.lock();
+            }
+            if let Some(rest) = self.split(idx, size, kind, Place::FreeShared) {
+                self.insert_shared(&mut sh, rest);
+            }
+        }
+        drop(sh);
+        Ok(self.hand_out(c, idx, requested, stream))
+    }
+
+    // ---------------------------------------------------------------- frees
+
+    /// A block freed on stream `s` (directly or flushed from a thread cache): `s` may take
+    /// it at once, other streams once an event recorded after now completes.
+    ///
+    /// # Safety
+    /// The caller owns every block in `blocks` (taken back from the program or from its
+    /// thread cache), all of this pool.
+    pub unsafe fn free_to_stream(&self, s: StreamRef, blocks: &[BlockIdx]) {
+        let mut sh = self.shared.lock();
+        let clock = sh.clock;
+        let st = sh.stream(s);
+        for &idx in blocks {
+            let d = BLOCKS.get(idx).data();
+            d.place = Place::FreeOnStream;
+            d.stream = s.id;
+            d.requested = 0;
+            d.free_epoch = clock;
+            st.index(d.kind).insert(&BLOCKS, idx);
+            st.age.push_back(&BLOCKS, idx);
+        }
+    }
+
+    /// A block freed without a stream, or on a stream other than its own: reused only
+    /// after a context fence recorded after now has completed.
+    ///
+    /// # Safety
+    /// The caller owns `idx` (taken back from the program).
+    pub unsafe fn free_to_fence(&self, c: &ThreadCounters, idx: BlockIdx, cross_stream: bool) {
+        let seal = {
+            let mut sh = self.shared.lock();
+            let d = BLOCKS.get(idx).data();
+            d.place = Place::AwaitingFence;
+            d.requested = 0;
+            d.free_epoch = sh.clock;
+            sh.fence_queue.push_back(&BLOCKS, idx);
+            sh.unsealed_fence_blocks += 1;
+            if cross_stream {
+                sh.slow.cross_stream += 1;
+            }
+            sh.unsealed_fence_blocks >= config::get(Key::FenceBatch).max(1)
+        };
+        if seal && self.may_order() {
+            // Batch full: record one fence for all of them now, so they are reusable by the
+            // time the next miss looks (recording costs ~0.2 µs; no wait).
+            if let Some(_ev) = self.events.try_lock() {
+                self.seal(c, false);
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- fences
+
+    /// Records a context fence for unsealed fence-queue blocks and an event for every
+    /// stream with unsealed frees (or folds them into the fence when the stream's handle
+    /// no longer names it). Caller holds `self.events`. `all_streams`: seal streams too.
+    fn seal(&self, c: &ThreadCounters, all_streams: bool) {
+        let _ = c;
+        let (epoch, need_fence, to_check) = {
+            let mut sh = self.shared.lock();
+            let epoch = sh.clock;
+            sh.clock += 1;
+            let fence_sealed = sh.fence_sealed;
+            let mut to_check = Vec::new();
+            if all_streams {
+                for st in sh.streams.iter() {
+                    let covered = st.sealed.max(fence_sealed);
+                    // Stamps grow along the age list, so its newest block tells.
+                    // SAFETY: pool lock held.
+                    let unsealed = st
+                        .age
+                        .back()
+                        .is_some_and(|t| unsafe { BLOCKS.get(t).data().free_epoch } > covered);
+                    if unsealed {
+                        to_check.push((st.id, st.handle));
+                    }
+                }
+            }
+            let need_fence = sh.unsealed_fence_blocks > 0;
+            (epoch, need_fence, to_check)
+        };
+        let mut need_fence = need_fence;
+        let mut stream_events = Vec::new();
+        for (id, handle) in to_check {
+            match self.backend.stream_id(handle) {
+                Ok(sid) if sid.0 == id => match self.backend.record_stream_event(self.ctx.id, handle) {
+                    Ok(ev) => stream_events.push((id, ev)),
+                    Err(_) => need_fence = true,
+                },
+                _ => need_fence = true,
+            }
+        }
+        let fence = if need_fence {
+            match self.backend.record_context_fence(self.ctx.id) {
+                Ok(ev) => Some(ev),
+                Err(e) => {
+                    crate::log::debug(&format!("cupool: context fence failed: {e:?}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut sh = self.shared.lock();
+        for (id, ev) in stream_events {
+            if let Some(&pos) = sh.stream_pos.get(&id) {
+                let st = &mut sh.streams[pos];
+                st.events.push_back((ev, epoch));
+                st.sealed = epoch;
+                sh.slow.fences += 1;
+            }
+        }
+        if let Some(ev) = fence {
+            sh.fences.push_back((ev, epoch));
+            sh.fence_sealed = epoch;
+            sh.unsealed_fence_blocks = 0;
+            sh.slow.fences += 1;
+        }
+    }
+
+    /// Seals unsealed frees, polls (or waits for) outstanding events and fences, and moves
+    /// the blocks they cover to the shared index. Returns whether any block moved.
+    fn advance(&self, mode: Advance, c: &ThreadCounters) -> bool {
+        let _ev = self.events.lock();
+        self.seal(c, true);
+        // Which events to look at: newest first (a completed newer event implies the older
+        // ones of the same stream, and a completed fence implies every older fence).
+        let (fences, streams): (Vec<(EventHandle, u64)>, Vec<(u64, Vec<(EventHandle, u64)>)>) = {
+            let sh = self.shared.lock();
+            (
+                sh.fences.iter().rev().copied().collect(),
+                sh.streams
+                    .iter()
+                    .filter(|s| !s.events.is_empty())
+                    .map(|s| (s.id, s.events.iter().rev().copied().collect()))
+                    .collect(),
+            )
+        };
+        let done_upto = |evs: &[(EventHandle, u64)]| -> u64 {
+            for &(ev, e) in evs {
+                let complete = match mode {
+                    Advance::SealAndWait => self.backend.wait_event(self.ctx.id, ev).is_ok(),
+                    Advance::SealAndPoll => self.backend.event_completed(self.ctx.id, ev).unwrap_or(false),
+                };
+                if complete {
+                    return e;
+                }
+                if mode == Advance::SealAndWait {
+                    // Waiting on the newest failed (driver error): do not try older ones.
+                    return 0;
+                }
+            }
+            0
+        };
+        let fence_done = done_upto(&fences);
+        let stream_done: Vec<(u64, u64)> = streams.iter().map(|(id, evs)| (*id, done_upto(evs))).collect();
+
+        let mut recycle = Vec::new();
+        let mut moved = false;
+        {
+            let mut sh = self.shared.lock();
+            if fence_done > sh.fence_done {
+                sh.fence_done = fence_done;
+            }
+            while let Some(&(ev, e)) = sh.fences.front() {
+                if e > sh.fence_done {
+                    break;
+                }
+                sh.fences.pop_front();
+                recycle.push(ev);
+            }
+            for (id, done) in stream_done {
+                if let Some(&pos) = sh.stream_pos.get(&id) {
+                    let st = &mut sh.streams[pos];
+                    st.done = st.done.max(done);
+                    while let Some(&(ev, e)) = st.events.front() {
+                        if e > st.done {
+                            break;
+                        }
+                        st.events.pop_front();
+                        recycle.push(ev);
+                    }
+                }
+            }
+            // SAFETY: pool lock held.
+            unsafe {
+                moved |= self.drain(&mut sh);
+            }
+        }
+        for ev in recycle {
+            self.backend.recycle_event(self.ctx.id, ev);
+        }
+        moved
+    }
+
+    /// Moves every block whose event or fence has completed to the shared index.
+    ///
+    /// # Safety
+    /// Pool lock held.
+    unsafe fn drain(&self, sh: &mut Shared) -> bool {
+        let mut moved = false;
+        let fence_done = sh.fence_done;
+        while let Some(idx) = sh.fence_queue.front() {
+            if BLOCKS.get(idx).data().free_epoch > fence_done {
+                break;
+            }
+            sh.fence_queue.remove(&BLOCKS, idx);
+            self.insert_shared(sh, idx);
+            moved = true;
+        }
+        for pos in 0..sh.streams.len() {
+            loop {
+                let st = &mut sh.streams[pos];
+                let done = st.done.max(fence_done);
+                let Some(idx) = st.age.front() else { break };
+                let d = BLOCKS.get(idx).data();
+                if d.free_epoch > done {
+                    break;
+                }
+                let kind = d.kind;
+                st.age.remove(&BLOCKS, idx);
+                st.index(kind).remove(&BLOCKS, idx);
+                self.insert_shared(sh, idx);
+                moved = true;
+            }
+        }
+        moved
+    }
+
+    // ---------------------------------------------------------------- release
+
+    /// Gives every segment that is one free shared block back to the backend; returns the
+    /// bytes released.
+    pub fn release_idle_segments(&self, c: &ThreadCounters) -> u64 {
+        if !self.may_order() {
+            return 0;
+        }
+        let victims: Vec<(u64, u64)> = {
+            let mut sh = self.shared.lock();
+            let mut v = Vec::new();
+            let heads: Vec<(u64, BlockIdx)> = sh.segments.iter().map(|(&b, &i)| (b, i)).collect();
+            for (base, idx) in heads {
+                // SAFETY: pool lock held.
+                unsafe {
+                    let d = BLOCKS.get(idx).data();
+                    if d.place == Place::FreeShared && d.seg_next == NIL && d.size == d.segment_size {
+                        let kind = d.kind;
+                        sh.index(kind).remove(&BLOCKS, idx);
+                        ADDRESSES.clear(base);
+                        v.push((base, d.segment_size));
+                        BLOCKS.release(idx);
+                        sh.segments.remove(&base);
+                    }
+                }
+            }
+            let total: u64 = v.iter().map(|&(_, s)| s).sum();
+            sh.reserved -= total;
+            sh.slow.device_frees += v.len() as u64;
+            v
+        };
+        let mut released = 0;
+        for (ptr, size) in victims {
+            c.lower(Level::Cached, size);
+            match self.backend.release(self.ctx.id, ptr, size) {
+                Ok(()) => released += size,
+                Err(e) => {
+                    // The driver refused (shutting down, or a driver bug): the memory is
+                    // gone from the pool either way; report it once.
+                    crate::log::warn(&format!("cupool: releasing a segment failed: {e:?}"));
+                    released += size;
+                }
+            }
+        }
+        released
+    }
+
+    /// Waits for pending frees, then releases every idle segment (`empty_cache`).
+    pub fn empty_cache(&self, c: &ThreadCounters) -> Result<u64> {
+        if self.capturing() {
+            return Err(CupoolStatus::CupoolErrorStreamCapture);
+        }
+        if BACKEND_OFF.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        self.advance(Advance::SealAndWait, c);
+        Ok(self.release_idle_segments(c))
+    }
+
+    // ---------------------------------------------------------------- queries
+
+    /// Reserved bytes now.
+    pub fn reserved(&self) -> u64 {
+        self.shared.lock().reserved
+    }
+
+    /// Bytes cached but not usable by the program right now without a driver call:
+    /// reserved minus what the program holds.
+    pub fn idle_bytes(&self) -> u64 {
+        let allocated = thread_cache::sum_level(self.index, Level::Allocated).max(0) as u64;
+        self.reserved().saturating_sub(allocated)
+    }
+
+    /// The segment containing `ptr` and the block of it that contains `ptr`.
+    pub fn find_containing(&self, ptr: u64) -> Option<(BlockIdx, u64, u64)> {
+        let sh = self.shared.lock();
+        let (&base, &head) = sh.segments.range(..=ptr).next_back()?;
+        // SAFETY: pool lock held; records of this pool are only changed under it (an
+        // allocated block's fields are read-only while allocated).
+        unsafe {
+            let seg_size = BLOCKS.get(head).data().segment_size;
+            if ptr >= base + seg_size {
+                return None;
+            }
+            let mut idx = head;
+            while idx != NIL {
+                let d = BLOCKS.get(idx).data();
+                if ptr >= d.ptr && ptr < d.ptr + d.size {
+                    return Some((idx, base, seg_size));
+                }
+                idx = d.seg_next;
+            }
+        }
+        None
+    }
+
+    /// This pool's statistics.
+    pub fn stats(&self) -> CupoolStats {
+        let (reserved, reserved_peak, slow) = {
+            let sh = self.shared.lock();
+            (sh.reserved, sh.reserved_peak, sh.slow)
+        };
+        let sums = thread_cache::sum_pool(self.index);
+        let level = |l: Level| -> CupoolStat {
+            let cur = sums.levels[l as usize].max(0) as u64;
+            CupoolStat {
+                current: cur,
+                peak: self.peaks[l as usize].load(Ordering::Relaxed).max(cur),
+            }
+        };
+        let mut s = CupoolStats::new();
+        s.allocated_bytes = level(Level::Allocated);
+        s.requested_bytes = level(Level::Requested);
+        s.cached_bytes = level(Level::Cached);
+        s.reserved_bytes = CupoolStat {
+            current: reserved,
+            peak: reserved_peak,
+        };
+        s.num_allocs = sums.counts[counters::Count::Allocs as usize];
+        s.num_frees = sums.counts[counters::Count::Frees as usize];
+        s.cache_hits = s.num_allocs.saturating_sub(slow.misses);
+        s.cache_misses = slow.misses;
+        s.device_allocs = slow.device_allocs;
+        s.device_frees = slow.device_frees;
+        s.alloc_retries = slow.retries;
+        s.num_ooms = slow.ooms;
+        s.fences_recorded = slow.fences;
+        s.cross_stream_frees = slow.cross_stream;
+        s
+    }
+
+    /// Restarts every peak from the current value.
+    pub fn reset_peaks(&self) {
+        let sums = thread_cache::sum_pool(self.index);
+        for (i, p) in self.peaks.iter().enumerate() {
+            p.store(sums.levels[i].max(0) as u64, Ordering::Relaxed);
+        }
+        self.peak_epoch.fetch_add(1, Ordering::Relaxed);
+        let mut sh = self.shared.lock();
+        sh.reserved_peak = sh.reserved;
+    }
+
+    /// Checks the pool's internal invariants (tests): every segment's blocks tile it
+    /// exactly, adjacent shared-free blocks are merged, index totals match, and the map
+    /// points at every block. Returns the bytes held by free blocks of each place.
+    pub fn check_invariants(&self) -> core::result::Result<InvariantReport, String> {
+        let sh = self.shared.lock();
+        let mut report = InvariantReport::default();
+        // SAFETY: pool lock held; allocated blocks' fields are stable while allocated.
+        unsafe {
+            for (&base, &head) in sh.segments.iter() {
+                let hd = BLOCKS.get(head).data();
+                if !hd.segment_head || hd.ptr != base {
+                    return Err(format!("segment {base:#x}: bad head"));
+                }
+                let mut expect = base;
+                let mut idx = head;
+                let mut prev = NIL;
+                let mut prev_shared = false;
+                while idx != NIL {
+                    let d = BLOCKS.get(idx).data();
+                    if d.ptr != expect || d.seg_prev != prev || d.pool != self.index {
+                        return Err(format!("segment {base:#x}: block {:#x} out of place", d.ptr));
+                    }
+                    if ADDRESSES.get(d.ptr) != Some(idx) {
+                        return Err(format!("block {:#x} missing from the address map", d.ptr));
+                    }
+                    let shared = d.place == Place::FreeShared;
+                    if shared && prev_shared {
+                        return Err(format!("block {:#x}: free neighbours not merged", d.ptr));
+                    }
+                    match d.place {
+                        Place::Allocated => report.allocated += d.size,
+                        Place::FreeShared => report.shared += d.size,
+                        Place::FreeOnStream => report.on_stream += d.size,
+                        Place::AwaitingFence => report.awaiting_fence += d.size,
+                        Place::ThreadCache => report.thread_cache += d.size,
+                        Place::Unused => return Err(format!("block {:#x} unused but linked", d.ptr)),
+                    }
+                    prev_shared = shared;
+                    expect = d.ptr + d.size;
+                    prev = idx;
+                    idx = d.seg_next;
+                }
+                if expect != base + hd.segment_size {
+                    return Err(format!("segment {base:#x}: blocks do not tile it"));
+                }
+                report.reserved += hd.segment_size;
+            }
+        }
+        if report.reserved != sh.reserved {
+            return Err(format!("reserved {} != segments {}", sh.reserved, report.reserved));
+        }
+        if sh.small.bytes + sh.large.bytes != report.shared {
+            return Err("shared index bytes disagree with the blocks".into());
+        }
+        let on_stream: u64 = sh.streams.iter().map(|s| s.small.bytes + s.large.bytes).sum();
+        let aged: u64 = sh.streams.iter().map(|s| s.age.bytes).sum();
+        if on_stream != report.on_stream || aged != report.on_stream {
+            return Err("stream indexes disagree with the blocks".into());
+        }
+        if sh.fence_queue.bytes != report.awaiting_fence {
+            return Err("fence queue disagrees with the blocks".into());
+        }
+        Ok(report)
+    }
+}
+
+/// Bytes by place, from [`DevicePool::check_invariants`].
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvariantReport {
+    pub reserved: u64,
+    pub allocated: u64,
+    pub shared: u64,
+    pub on_stream: u64,
+    pub awaiting_fence: u64,
+    pub thread_cache: u64,
+}

@@ -21,7 +21,8 @@
  *   2 MiB or more). Each device has a budget (FAKE_CUDA_TOTAL_BYTES, default 1 GiB):
  *   an allocation that would pass it fails with CUDA_ERROR_OUT_OF_MEMORY (2).
  *   cuMemFree_v2 of a pointer that is not the base of a live device/managed allocation
- *   (interior pointers included) fails with CUDA_ERROR_INVALID_VALUE (1).
+ *   (interior pointers included) fails with CUDA_ERROR_INVALID_VALUE (1); of NULL succeeds
+ *   (like every memory call, once cuInit ran and with a context current).
  * - Events complete when queried FAKE_CUDA_EVENT_LATENCY+1 times (default 0: at once) or
  *   when synchronized (cuEventSynchronize, cuStreamSynchronize of their stream,
  *   cuCtxSynchronize).
@@ -31,7 +32,9 @@
  *   cuStreamEndCapture then fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901).
  *   "Unsafe" calls (cuMemAlloc_v2, cuMemFree_v2, cuCtxSynchronize) do the same while a
  *   capture in GLOBAL mode, or in THREAD_LOCAL mode begun by the calling thread, is active;
- *   cuStreamSynchronize of a capturing stream too.
+ *   cuStreamSynchronize of a capturing stream too. cuStreamIsCapturing on the legacy stream
+ *   answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (906) while a blocking stream of the current
+ *   context is capturing, as the driver documents.
  *
  * Control and observation: fake_cuda.h (counters, fault injection). FAKE_CUDA_LOG=path
  * appends one line per call to that file. One mutex guards all state: thread-safe.
@@ -82,6 +85,7 @@ typedef struct CUipcMemHandle_st {
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
 #define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+#define CUDA_ERROR_STREAM_CAPTURE_IMPLICIT 906
 #define CUDA_ERROR_UNKNOWN 999
 
 #define CU_GET_PROC_ADDRESS_SUCCESS 0
@@ -109,6 +113,7 @@ typedef struct CUipcMemHandle_st {
 
 #define CU_STREAM_LEGACY ((uintptr_t)0x1)
 #define CU_STREAM_PER_THREAD ((uintptr_t)0x2)
+#define CU_STREAM_NON_BLOCKING 0x1u
 
 #define FAKE_DRIVER_VERSION 13000
 #define FAKE_MAX_DEVICES 16
@@ -1131,7 +1136,17 @@ static CUresult fk_cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *s
         rc = CUDA_ERROR_INVALID_VALUE;
     else if (s)
         *status = s->capture_status;
-    else if (is_special_stream(h))
+    else if (h == 0 || h == CU_STREAM_LEGACY) {
+        /* As documented for the real driver: asking about the legacy stream while a
+         * blocking stream of the current context is capturing answers
+         * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (and invalidates nothing). */
+        *status = CU_STREAM_CAPTURE_STATUS_NONE;
+        struct fake_ctx *ctx = (struct fake_ctx *)current_ctx();
+        for (s = g_streams; s; s = s->next)
+            if (s->ctx == ctx && !(s->flags & CU_STREAM_NON_BLOCKING) &&
+                s->capture_status != CU_STREAM_CAPTURE_STATUS_NONE)
+                rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    } else if (h == CU_STREAM_PER_THREAD)
         *status = CU_STREAM_CAPTURE_STATUS_NONE;
     else
         rc = CUDA_ERROR_INVALID_HANDLE;
@@ -1303,6 +1318,7 @@ static const char *error_name(CUresult e)
     case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
     case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: return "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
     case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: return "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED";
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: return "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT";
     case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
     default: return NULL;
     }

@@ -97,6 +97,8 @@ pub struct FakeCuda {
 impl FakeCuda {
     /// The fake as this process's dynamic loader finds `libcuda.so.1` (loading it if
     /// needed); `None` when that library is not the fake (or is absent).
+    // Each transmute's target is the field's declared type.
+    #[allow(clippy::missing_transmute_annotations)]
     pub fn loaded() -> Option<FakeCuda> {
         // SAFETY: plain dlopen/dlsym calls with NUL-terminated names; the symbols, when
         // present, have the signatures declared in fake_cuda.h.

@@ -1,0 +1,276 @@
+//! Block records and the table that holds them.
+//!
+//! A block record describes one contiguous range of a segment: free or handed out. Records
+//! live in a [`BlockTable`] whose chunks are never freed or moved ("type-stable memory"),
+//! so a stale index read by a racing free is still a valid record to look at; the record's
+//! atomic `tag` (address | state) tells whether it is still the block the caller thinks.
+//!
+//! Ownership of a record's plain fields ([`BlockData`]): the device pool's lock while the
+//! block is free in the pool, the owning thread while it sits in that thread's cache, and
+//! the program (through whichever thread frees it) while it is allocated. The hand-over
+//! points are the pool lock, and the Release store / AcqRel CAS on `tag`.
+
+use crate::sync::{AtomicPtr, AtomicU64};
+use core::cell::UnsafeCell;
+use core::sync::atomic::Ordering;
+
+/// Index of a record in the table; [`NIL`] means none.
+pub type BlockIdx = u32;
+pub const NIL: BlockIdx = u32::MAX;
+
+/// `tag` state bits (addresses are 512-aligned, so the low 9 bits are free).
+pub const TAG_FREE: u64 = 0;
+pub const TAG_ALLOCATED: u64 = 1;
+const TAG_STATE_MASK: u64 = 0x1ff;
+
+/// Where a block is while the program does not hold it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// Handed to the program.
+    Allocated,
+    /// Free, usable by any stream: in the device pool's shared index.
+    FreeShared,
+    /// Freed on a stream and usable only by that stream until an event recorded after the
+    /// free completes: in that stream's index and age list.
+    FreeOnStream,
+    /// Freed without a stream (or on a stream other than its own): usable by nobody until
+    /// a context fence recorded after the free completes.
+    AwaitingFence,
+    /// In a thread's cache, bound to the cache slot's stream.
+    ThreadCache,
+    /// The record is not in use.
+    Unused,
+}
+
+/// Whether a block was carved from a small-block segment or a large one.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum SegmentKind {
+    Small = 0,
+    Large = 1,
+}
+
+#[derive(Copy, Clone, Debug)]
+pub struct BlockData {
+    pub ptr: u64,
+    pub size: u64,
+    /// What the program asked for (0 while free).
+    pub requested: u64,
+    /// The stream the block belongs to: the stream it was allocated on while allocated; the
+    /// stream it was freed on while `FreeOnStream` or in a thread cache.
+    pub stream: u64,
+    /// Epoch of the stream event or fence that must complete before the block can be
+    /// shared (see `fences.rs`).
+    pub free_epoch: u64,
+    /// Address-order neighbours in the same segment.
+    pub seg_prev: BlockIdx,
+    pub seg_next: BlockIdx,
+    /// Links in a free index class list.
+    pub list_prev: BlockIdx,
+    pub list_next: BlockIdx,
+    /// Links in a FIFO (a stream's age list or the fence queue).
+    pub fifo_prev: BlockIdx,
+    pub fifo_next: BlockIdx,
+    /// The device pool the block belongs to.
+    pub pool: u16,
+    pub kind: SegmentKind,
+    pub place: Place,
+    /// Whether this record starts its segment (the segment's driver allocation).
+    pub segment_head: bool,
+    /// Size of the driver allocation, on the segment head only.
+    pub segment_size: u64,
+}
+
+impl BlockData {
+    const EMPTY: BlockData = BlockData {
+        ptr: 0,
+        size: 0,
+        requested: 0,
+        stream: 0,
+        free_epoch: 0,
+        seg_prev: NIL,
+        seg_next: NIL,
+        list_prev: NIL,
+        list_next: NIL,
+        fifo_prev: NIL,
+        fifo_next: NIL,
+        pool: 0,
+        kind: SegmentKind::Small,
+        place: Place::Unused,
+        segment_head: false,
+        segment_size: 0,
+    };
+}
+
+pub struct Block {
+    /// `ptr | TAG_ALLOCATED` while the program holds the block, `ptr | TAG_FREE` otherwise,
+    /// 0 while the record is unused.
+    pub tag: AtomicU64,
+    data: UnsafeCell<BlockData>,
+}
+
+// SAFETY: `data` is only accessed by the block's current owner (see the module note);
+// `tag` is atomic.
+unsafe impl Sync for Block {}
+
+impl Block {
+    fn new() -> Self {
+        Block {
+            tag: AtomicU64::new(0),
+            data: UnsafeCell::new(BlockData::EMPTY),
+        }
+    }
+
+    /// The record's fields.
+    ///
+    /// # Safety
+    /// The caller owns the block (module note), and holds no other reference to its data.
+    #[allow(clippy::mut_from_ref)]
+    #[inline]
+    pub unsafe fn data(&self) -> &mut BlockData {
+        &mut *self.data.get()
+    }
+
+    /// Marks the block handed to the program (Release: its fields, written by the
+    /// allocating thread, become visible to whichever thread frees it).
+    #[inline]
+    pub fn publish_allocated(&self, ptr: u64) {
+        self.tag.store(ptr | TAG_ALLOCATED, Ordering::Release);
+    }
+
+    /// Marks the block free (not held by the program); used by the pool on new blocks.
+    #[inline]
+    pub fn publish_free(&self, ptr: u64) {
+        self.tag.store(ptr | TAG_FREE, Ordering::Release);
+    }
+
+    /// Takes the block back from the program if it is allocated at `ptr`.
+    #[inline]
+    pub fn try_take_back(&self, ptr: u64) -> TakeBack {
+        match self.tag.compare_exchange(
+            ptr | TAG_ALLOCATED,
+            ptr | TAG_FREE,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => TakeBack::Taken,
+            Err(tag) if tag & !TAG_STATE_MASK == ptr => TakeBack::AlreadyFree,
+            Err(_) => TakeBack::NotThisBlock,
+        }
+    }
+
+    /// Whether the program holds the block at `ptr` right now.
+    #[inline]
+    pub fn is_allocated_at(&self, ptr: u64) -> bool {
+        self.tag.load(Ordering::Acquire) == ptr | TAG_ALLOCATED
+    }
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum TakeBack {
+    Taken,
+    AlreadyFree,
+    NotThisBlock,
+}
+
+#[cfg(not(loom))]
+const CHUNK_SHIFT: u32 = 12;
+#[cfg(loom)]
+const CHUNK_SHIFT: u32 = 2;
+const CHUNK_LEN: usize = 1 << CHUNK_SHIFT;
+#[cfg(not(loom))]
+const MAX_CHUNKS: usize = 1 << 14;
+#[cfg(loom)]
+const MAX_CHUNKS: usize = 4;
+
+/// Type-stable storage for block records (up to 2^26 of them).
+pub struct BlockTable {
+    chunks: [AtomicPtr<Block>; MAX_CHUNKS],
+    /// Records not in use, and how many chunks exist; changed only under this lock, which
+    /// is taken only on the slow path (inside a device pool's lock).
+    free: spin::Mutex<FreeRecords>,
+}
+
+struct FreeRecords {
+    list: Vec<BlockIdx>,
+    chunks: usize,
+}
+
+impl BlockTable {
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        BlockTable {
+            chunks: [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_CHUNKS],
+            free: spin::Mutex::new(FreeRecords {
+                list: Vec::new(),
+                chunks: 0,
+            }),
+        }
+    }
+
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        BlockTable {
+            chunks: core::array::from_fn(|_| AtomicPtr::new(core::ptr::null_mut())),
+            free: spin::Mutex::new(FreeRecords {
+                list: Vec::new(),
+                chunks: 0,
+            }),
+        }
+    }
+
+    /// The record at `idx`. Panics on an index the table never handed out (a bug).
+    #[inline]
+    pub fn get(&self, idx: BlockIdx) -> &Block {
+        self.try_get(idx).expect("block index out of range")
+    }
+
+    /// The record at `idx`, or `None` for an index the table never handed out.
+    #[inline]
+    pub fn try_get(&self, idx: BlockIdx) -> Option<&Block> {
+        let chunk = (idx >> CHUNK_SHIFT) as usize;
+        let base = self.chunks.get(chunk)?.load(Ordering::Acquire);
+        if base.is_null() {
+            return None;
+        }
+        // SAFETY: chunks are allocated with CHUNK_LEN records and never freed.
+        Some(unsafe { &*base.add(idx as usize & (CHUNK_LEN - 1)) })
+    }
+
+    /// A record for a new block; `None` when the table is full.
+    pub fn allocate(&self) -> Option<BlockIdx> {
+        let mut free = self.free.lock();
+        if let Some(idx) = free.list.pop() {
+            return Some(idx);
+        }
+        if free.chunks == MAX_CHUNKS {
+            return None;
+        }
+        let chunk: Box<[Block]> = (0..CHUNK_LEN).map(|_| Block::new()).collect();
+        let base = Box::leak(chunk).as_mut_ptr();
+        let c = free.chunks;
+        self.chunks[c].store(base, Ordering::Release);
+        free.chunks += 1;
+        let first = (c << CHUNK_SHIFT) as BlockIdx;
+        free.list
+            .extend((first + 1..first + CHUNK_LEN as BlockIdx).rev());
+        Some(first)
+    }
+
+    /// Returns a record that no index or map refers to any more.
+    pub fn release(&self, idx: BlockIdx) {
+        let b = self.get(idx);
+        b.tag.store(0, Ordering::Release);
+        // SAFETY: the caller owned the block and gives it up here.
+        unsafe { *b.data() = BlockData::EMPTY };
+        self.free.lock().list.push(idx);
+    }
+}
+
+impl Default for BlockTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// An array of `NIL`s, for initialising fixed-size index arrays in constants.
+pub const BLOCK_NIL_ARRAY: [BlockIdx; 8] = [NIL; 8];

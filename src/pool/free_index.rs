@@ -1,0 +1,143 @@
+//! Free blocks indexed by size class, with a bitmap of non-empty classes (TLSF-style
+//! segregated fits).
+//!
+//! Insert and remove are O(1) (intrusive doubly linked lists through the block records);
+//! a search looks at a few blocks of the request's own class and otherwise takes the head
+//! of the first non-empty larger class, found with a bit scan. No operation depends on how
+//! many blocks are free. The caller holds the owning device pool's lock.
+
+use super::block::{BlockIdx, BlockTable, NIL};
+use super::size_class::{class_of, NUM_CLASSES};
+
+const WORDS: usize = NUM_CLASSES.div_ceil(64);
+/// Blocks of the request's own class examined before moving to a larger class.
+const SAME_CLASS_PROBES: usize = 8;
+
+pub struct FreeIndex {
+    heads: [BlockIdx; NUM_CLASSES],
+    non_empty: [u64; WORDS],
+    /// Bytes and blocks in the index.
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+impl FreeIndex {
+    pub fn new() -> Self {
+        FreeIndex {
+            heads: [NIL; NUM_CLASSES],
+            non_empty: [0; WORDS],
+            bytes: 0,
+            blocks: 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blocks == 0
+    }
+
+    /// Adds a free block.
+    ///
+    /// # Safety
+    /// The caller owns `idx` (pool lock held) and it is in no other list.
+    pub unsafe fn insert(&mut self, table: &BlockTable, idx: BlockIdx) {
+        let d = table.get(idx).data();
+        let c = class_of(d.size);
+        let head = self.heads[c];
+        d.list_prev = NIL;
+        d.list_next = head;
+        if head != NIL {
+            table.get(head).data().list_prev = idx;
+        }
+        self.heads[c] = idx;
+        self.non_empty[c / 64] |= 1 << (c % 64);
+        self.bytes += d.size;
+        self.blocks += 1;
+    }
+
+    /// Removes a block that is in this index.
+    ///
+    /// # Safety
+    /// As for [`FreeIndex::insert`], and `idx` is in this index.
+    pub unsafe fn remove(&mut self, table: &BlockTable, idx: BlockIdx) {
+        let d = table.get(idx).data();
+        let (prev, next, size) = (d.list_prev, d.list_next, d.size);
+        d.list_prev = NIL;
+        d.list_next = NIL;
+        if next != NIL {
+            table.get(next).data().list_prev = prev;
+        }
+        if prev != NIL {
+            table.get(prev).data().list_next = next;
+        } else {
+            let c = class_of(size);
+            debug_assert_eq!(self.heads[c], idx);
+            self.heads[c] = next;
+            if next == NIL {
+                self.non_empty[c / 64] &= !(1 << (c % 64));
+            }
+        }
+        self.bytes -= size;
+        self.blocks -= 1;
+    }
+
+    /// A block of at least `size` bytes (a rounded size), still in the index.
+    ///
+    /// # Safety
+    /// Pool lock held.
+    pub unsafe fn find(&self, table: &BlockTable, size: u64) -> Option<BlockIdx> {
+        let c = class_of(size);
+        let mut idx = self.heads[c];
+        let mut probes = 0;
+        while idx != NIL && probes < SAME_CLASS_PROBES {
+            let d = table.get(idx).data();
+            if d.size >= size {
+                return Some(idx);
+            }
+            idx = d.list_next;
+            probes += 1;
+        }
+        self.first_class_above(c).map(|k| self.heads[k])
+    }
+
+    /// First non-empty class strictly above `c`.
+    fn first_class_above(&self, c: usize) -> Option<usize> {
+        let start = c + 1;
+        if start >= NUM_CLASSES {
+            return None;
+        }
+        let mut w = start / 64;
+        let mut bits = self.non_empty[w] & (!0u64 << (start % 64));
+        loop {
+            if bits != 0 {
+                return Some(w * 64 + bits.trailing_zeros() as usize);
+            }
+            w += 1;
+            if w == WORDS {
+                return None;
+            }
+            bits = self.non_empty[w];
+        }
+    }
+
+    /// Every block in the index (slow; for empty_cache and checks).
+    ///
+    /// # Safety
+    /// Pool lock held.
+    pub unsafe fn collect(&self, table: &BlockTable) -> Vec<BlockIdx> {
+        let mut out = Vec::with_capacity(self.blocks as usize);
+        for &head in self.heads.iter() {
+            let mut idx = head;
+            while idx != NIL {
+                out.push(idx);
+                idx = table.get(idx).data().list_next;
+            }
+        }
+        out
+    }
+}
+
+impl Default for FreeIndex {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,390 @@
+//! Per-thread state: the thread cache and the thread's statistics counters.
+//!
+//! The cache keeps, per (pool, stream), a few recently freed blocks of each size class. A
+//! block freed on stream S may be reused by S at once (stream order makes it safe), so an
+//! `alloc_async`/`free_async` pair on one stream is a pop and a push on a thread-owned
+//! array: no lock, no atomic read-modify-write, no CUDA call.
+//!
+//! Bounds: [`SLOTS`] streams per thread (the least recently used slot is flushed when a new
+//! stream comes), [`BIN_CAP`] blocks per class, `thread_cache_bytes` in all, blocks up to
+//! `thread_cache_max_block` (at most 64 MiB). Blocks in a thread cache count as cached.
+//!
+//! Another thread cannot take blocks out of a live thread's cache (that would need a lock on
+//! every fast-path operation). Instead `empty_cache` and the OOM path bump [`FLUSH_EPOCH`]:
+//! every thread flushes its whole cache into the shared pool at its next allocator call,
+//! and the calling thread flushes its own at once. A thread's cache is flushed when the
+//! thread exits.
+
+use super::block::{BlockIdx, Place, BLOCK_NIL_ARRAY};
+use super::counters::{Count, Level, ThreadCounters, COUNTS, LEVELS};
+use super::size_class::class_of;
+use super::{pool_by_index, StreamRef, BLOCKS, MAX_POOLS};
+use crate::backend::StreamHandle;
+use core::cell::{Cell, UnsafeCell};
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+pub const SLOTS: usize = 4;
+pub const BIN_CAP: usize = 8;
+/// Largest block any thread cache keeps.
+pub const MAX_CACHED_BLOCK: u64 = 64 << 20;
+const CLASSES: usize = class_of(MAX_CACHED_BLOCK) + 1;
+
+/// Bumped to ask every thread to flush its cache at its next call.
+pub static FLUSH_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Copy, Clone)]
+struct Bin {
+    len: u32,
+    items: [BlockIdx; BIN_CAP],
+}
+
+struct Slot {
+    live: bool,
+    pool: u16,
+    stream: u64,
+    handle: StreamHandle,
+    last_use: u64,
+    bins: [Bin; CLASSES],
+}
+
+impl Slot {
+    const EMPTY: Slot = Slot {
+        live: false,
+        pool: 0,
+        stream: 0,
+        handle: 0,
+        last_use: 0,
+        bins: [Bin {
+            len: 0,
+            items: BLOCK_NIL_ARRAY,
+        }; CLASSES],
+    };
+}
+
+pub struct ThreadCache {
+    slots: [Slot; SLOTS],
+    bytes: u64,
+    flush_epoch: u64,
+    tick: u64,
+}
+
+impl ThreadCache {
+    fn new() -> Self {
+        ThreadCache {
+            slots: [Slot::EMPTY; SLOTS],
+            bytes: 0,
+            flush_epoch: FLUSH_EPOCH.load(Relaxed),
+            tick: 0,
+        }
+    }
+
+    /// A cached block of class `class(size)` for (pool, stream) that is at least `size`
+    /// bytes, taken out of the cache.
+    #[inline]
+    pub fn take(&mut self, pool: u16, stream: u64, size: u64) -> Option<BlockIdx> {
+        if size > MAX_CACHED_BLOCK {
+            return None;
+        }
+        self.check_flush_request();
+        let class = class_of(size);
+        let slot = self
+            .slots
+            .iter_mut()
+            .find(|s| s.live && s.stream == stream && s.pool == pool)?;
+        let bin = &mut slot.bins[class];
+        if bin.len == 0 {
+            return None;
+        }
+        let idx = bin.items[bin.len as usize - 1];
+        // SAFETY: blocks in this thread's cache are owned by this thread.
+        let d = unsafe { BLOCKS.get(idx).data() };
+        if d.size < size {
+            return None;
+        }
+        bin.len -= 1;
+        self.bytes -= d.size;
+        Some(idx)
+    }
+
+    /// Keeps a block freed on `stream`; returns false (and keeps nothing) when the cache
+    /// is off for this block or full: then the caller gives it to the pool.
+    #[inline]
+    pub fn put(&mut self, pool: u16, stream: StreamRef, idx: BlockIdx, size: u64) -> bool {
+        let limit = crate::config::get(crate::config::Key::ThreadCacheMaxBlock).min(MAX_CACHED_BLOCK);
+        if size > limit || !crate::config::get_bool(crate::config::Key::ThreadCache) {
+            return false;
+        }
+        self.check_flush_request();
+        if self.bytes + size > crate::config::get(crate::config::Key::ThreadCacheBytes) {
+            return false;
+        }
+        self.tick += 1;
+        let tick = self.tick;
+        let pos = match self
+            .slots
+            .iter()
+            .position(|s| s.live && s.stream == stream.id && s.pool == pool)
+        {
+            Some(p) => p,
+            None => {
+                let victim = self.least_recently_used_slot();
+                self.flush_slot(victim);
+                let s = &mut self.slots[victim];
+                s.live = true;
+                s.pool = pool;
+                s.stream = stream.id;
+                victim
+            }
+        };
+        let class = class_of(size);
+        let slot = &mut self.slots[pos];
+        slot.handle = stream.handle;
+        slot.last_use = tick;
+        if slot.bins[class].len as usize == BIN_CAP {
+            // Full: the older half goes to the pool, in one lock.
+            let bin = &mut slot.bins[class];
+            let half = BIN_CAP / 2;
+            let older: [BlockIdx; BIN_CAP / 2] = core::array::from_fn(|i| bin.items[i]);
+            bin.items.copy_within(half.., 0);
+            bin.len -= half as u32;
+            let moved: u64 = older
+                .iter()
+                // SAFETY: owned by this thread's cache.
+                .map(|&i| unsafe { BLOCKS.get(i).data().size })
+                .sum();
+            self.bytes -= moved;
+            if let Some(p) = pool_by_index(pool) {
+                // SAFETY: the blocks leave this thread's cache for the pool.
+                unsafe { p.free_to_stream(stream, &older) };
+            }
+        }
+        let slot = &mut self.slots[pos];
+        let bin = &mut slot.bins[class];
+        // SAFETY: the caller owns the block and hands it to this thread's cache.
+        let d = unsafe { BLOCKS.get(idx).data() };
+        d.place = Place::ThreadCache;
+        d.stream = stream.id;
+        bin.items[bin.len as usize] = idx;
+        bin.len += 1;
+        self.bytes += size;
+        true
+    }
+
+    fn least_recently_used_slot(&self) -> usize {
+        if let Some(free) = self.slots.iter().position(|s| !s.live) {
+            return free;
+        }
+        let mut best = 0;
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.last_use < self.slots[best].last_use {
+                best = i;
+            }
+        }
+        best
+    }
+
+    #[inline]
+    fn check_flush_request(&mut self) {
+        let want = FLUSH_EPOCH.load(Relaxed);
+        if want != self.flush_epoch {
+            self.flush_epoch = want;
+            self.flush_all();
+        }
+    }
+
+    fn flush_slot(&mut self, pos: usize) {
+        let slot = &mut self.slots[pos];
+        if !slot.live {
+            return;
+        }
+        let stream = StreamRef {
+            id: slot.stream,
+            handle: slot.handle,
+        };
+        let pool = pool_by_index(slot.pool);
+        let mut bytes = 0;
+        for bin in slot.bins.iter_mut().filter(|b| b.len > 0) {
+            let items = &bin.items[..bin.len as usize];
+            // SAFETY: owned by this thread's cache.
+            bytes += items.iter().map(|&i| unsafe { BLOCKS.get(i).data().size }).sum::<u64>();
+            if let Some(p) = pool {
+                // SAFETY: the blocks leave this thread's cache for the pool.
+                unsafe { p.free_to_stream(stream, items) };
+            }
+            bin.len = 0;
+        }
+        slot.live = false;
+        self.bytes -= bytes;
+    }
+
+    /// Gives every cached block back to its pool.
+    pub fn flush_all(&mut self) {
+        for pos in 0..SLOTS {
+            self.flush_slot(pos);
+        }
+    }
+
+    /// Gives back the blocks of one pool (before that pool's OOM retry).
+    pub fn flush_pool(&mut self, pool: u16) {
+        for pos in 0..SLOTS {
+            if self.slots[pos].pool == pool {
+                self.flush_slot(pos);
+            }
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// Everything one thread owns. Never freed: when its thread exits, the cache is flushed
+/// and the record waits for the next new thread, keeping its counters (the sums stay
+/// exact).
+pub struct ThreadState {
+    counters: Box<[ThreadCounters]>,
+    cache: UnsafeCell<ThreadCache>,
+}
+
+// SAFETY: `cache` is only touched by the thread the record is attached to (or by its exit
+// handler); counters are atomics.
+unsafe impl Sync for ThreadState {}
+
+impl ThreadState {
+    fn new(shared: bool) -> Self {
+        ThreadState {
+            counters: (0..MAX_POOLS).map(|_| ThreadCounters::new(shared)).collect(),
+            cache: UnsafeCell::new(ThreadCache::new()),
+        }
+    }
+
+    #[inline]
+    pub fn counters(&self, pool: u16) -> &ThreadCounters {
+        &self.counters[pool as usize]
+    }
+}
+
+struct Registry {
+    all: Vec<&'static ThreadState>,
+    idle: Vec<&'static ThreadState>,
+}
+
+static REGISTRY: spin::Mutex<Registry> = spin::Mutex::new(Registry {
+    all: Vec::new(),
+    idle: Vec::new(),
+});
+static ORPHAN: spin::Once<&'static ThreadState> = spin::Once::new();
+
+thread_local! {
+    static CURRENT: Cell<*const ThreadState> = const { Cell::new(core::ptr::null()) };
+    static EXIT_FLUSH: ExitFlush = const { ExitFlush };
+}
+
+/// Its drop runs when the thread exits: flush the cache, park the record.
+struct ExitFlush;
+
+impl Drop for ExitFlush {
+    fn drop(&mut self) {
+        let p = CURRENT
+            .try_with(|c| c.replace(core::ptr::null()))
+            .unwrap_or(core::ptr::null());
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: records are leaked; the exiting thread is the cache's only user.
+        let ts: &'static ThreadState = unsafe { &*p };
+        let _ = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            // SAFETY: as above.
+            unsafe { (*ts.cache.get()).flush_all() };
+        }));
+        REGISTRY.lock().idle.push(ts);
+    }
+}
+
+/// The record for threads whose thread-local storage is gone (exit handlers): no cache,
+/// counters updated with atomic RMWs.
+fn orphan() -> &'static ThreadState {
+    ORPHAN.call_once(|| {
+        let ts: &'static ThreadState = Box::leak(Box::new(ThreadState::new(true)));
+        REGISTRY.lock().all.push(ts);
+        ts
+    })
+}
+
+#[cold]
+fn attach() -> Option<&'static ThreadState> {
+    // Registering the exit handler fails once the thread's TLS is being torn down.
+    EXIT_FLUSH.try_with(|_| ()).ok()?;
+    let ts = {
+        let mut reg = REGISTRY.lock();
+        match reg.idle.pop() {
+            Some(ts) => ts,
+            None => {
+                let ts: &'static ThreadState = Box::leak(Box::new(ThreadState::new(false)));
+                reg.all.push(ts);
+                ts
+            }
+        }
+    };
+    for c in ts.counters.iter() {
+        c.adopt();
+    }
+    CURRENT.try_with(|c| c.set(ts)).ok()?;
+    Some(ts)
+}
+
+/// Runs `f` with this thread's record and cache (no cache when the thread is exiting).
+#[inline]
+pub fn with_thread<R>(f: impl FnOnce(&'static ThreadState, Option<&mut ThreadCache>) -> R) -> R {
+    let cur = CURRENT.try_with(|c| c.get()).unwrap_or(core::ptr::null());
+    let ts = if cur.is_null() {
+        attach()
+    } else {
+        // SAFETY: records are leaked.
+        Some(unsafe { &*cur })
+    };
+    match ts {
+        // SAFETY: only this thread touches its cache, and `f` is not re-entered (the
+        // allocator calls nothing that calls back into it).
+        Some(ts) => f(ts, Some(unsafe { &mut *ts.cache.get() })),
+        None => f(orphan(), None),
+    }
+}
+
+/// Sum of one level of one pool over every thread.
+pub fn sum_level(pool: u16, level: Level) -> i64 {
+    REGISTRY
+        .lock()
+        .all
+        .iter()
+        .map(|t| t.counters(pool).level(level))
+        .sum()
+}
+
+/// Summed levels and counts of one pool.
+pub struct PoolSums {
+    pub levels: [i64; LEVELS],
+    pub counts: [u64; COUNTS],
+}
+
+pub fn sum_pool(pool: u16) -> PoolSums {
+    let mut s = PoolSums {
+        levels: [0; LEVELS],
+        counts: [0; COUNTS],
+    };
+    for t in REGISTRY.lock().all.iter() {
+        let c = t.counters(pool);
+        for (i, l) in [Level::Allocated, Level::Requested, Level::Cached].into_iter().enumerate() {
+            s.levels[i] += c.level(l);
+        }
+        for (i, k) in [Count::Allocs, Count::Frees].into_iter().enumerate() {
+            s.counts[i] += c.get_count(k);
+        }
+    }
+    s
+}
+
+/// Asks every thread to flush its cache at its next call.
+pub fn request_flush_all() {
+    FLUSH_EPOCH.fetch_add(1, Relaxed);
+}

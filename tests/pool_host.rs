@@ -1,0 +1,401 @@
+//! Pool behaviour on the host backend: reuse rules, fences, OOM, stats against a model,
+//! structural invariants, and a multi-threaded stress run.
+//!
+//! Each test works in a context of its own (`HostBackend::create_context`), so its pool,
+//! statistics and simulated events are private even though tests run in parallel.
+
+use cupool::backend::host::HostBackend;
+use cupool::backend::{ContextInfo, StreamHandle};
+use cupool::runtime::{runtime, Runtime};
+use cupool::CupoolStatus;
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+fn setup() -> (&'static Runtime, &'static HostBackend, ContextInfo) {
+    setup_on(0)
+}
+
+fn setup_on(device: i32) -> (&'static Runtime, &'static HostBackend, ContextInfo) {
+    cupool::config::set("backend", "host").expect("host backend");
+    let rt = runtime().expect("runtime starts on the host backend");
+    let host = rt.host_backend().expect("host backend in use");
+    let ctx = host.create_context(device);
+    host.make_current(ctx);
+    (rt, host, ctx)
+}
+
+const S1: StreamHandle = 0x1000;
+const S2: StreamHandle = 0x2000;
+
+fn round(n: u64) -> u64 {
+    n.div_ceil(512) * 512
+}
+
+#[test]
+fn same_stream_reuse_is_a_cache_hit() {
+    let (rt, _host, ctx) = setup();
+    let a = rt.alloc_async(1000, S1).unwrap();
+    rt.free_async(a, S1).unwrap();
+    let b = rt.alloc_async(1000, S1).unwrap();
+    assert_eq!(a, b, "a block freed on a stream is reused by that stream at once");
+    rt.free_async(b, S1).unwrap();
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.num_allocs, 2);
+    assert_eq!(s.num_frees, 2);
+    assert_eq!(s.cache_misses, 1);
+    assert_eq!(s.cache_hits, 1);
+    assert_eq!(s.device_allocs, 1);
+    assert_eq!(s.allocated_bytes.current, 0);
+    assert_eq!(s.allocated_bytes.peak, 1024);
+    assert_eq!(s.requested_bytes.peak, 1000);
+    assert_eq!(s.reserved_bytes.current, 2 << 20, "small blocks come from a 2 MiB segment");
+    assert_eq!(s.cached_bytes.current, 2 << 20);
+}
+
+#[test]
+fn memory_is_usable_and_blocks_do_not_overlap() {
+    let (rt, _host, _ctx) = setup();
+    let sizes = [1usize, 511, 512, 513, 4096, 100_000, 1 << 20, (1 << 20) + 1, 3 << 20, 25 << 20];
+    let mut live = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let p = rt.alloc_async(n, S1).unwrap();
+        assert_eq!(p % 512, 0, "every block is 512-byte aligned");
+        // SAFETY: the host backend hands out host memory of at least n bytes.
+        unsafe { std::ptr::write_bytes(p as *mut u8, i as u8 + 1, n) };
+        live.push((p, n, i as u8 + 1));
+    }
+    for &(p, n, v) in &live {
+        // SAFETY: as above; nothing else wrote there if blocks do not overlap.
+        let s = unsafe { std::slice::from_raw_parts(p as *const u8, n) };
+        assert!(s.iter().all(|&b| b == v), "block {p:#x} was overwritten");
+    }
+    for (p, _, _) in live {
+        rt.free_async(p, S1).unwrap();
+    }
+}
+
+#[test]
+fn another_stream_waits_for_the_free_event() {
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    // 30 MiB: a segment of its own, so the only way to avoid a new segment is reuse.
+    let n = 30 << 20;
+    let a = rt.alloc_async(n, S1).unwrap();
+    rt.free_async(a, S1).unwrap();
+    // The block sits in this thread's cache for S1; give it to the pool so that another
+    // stream's miss can consider it.
+    rt.flush_thread_cache();
+    let b = rt.alloc_async(n, S2).unwrap();
+    assert_ne!(a, b, "S2 must not get S1's block while S1's work may still use it");
+    assert!(host.in_flight(ctx.id) > 0, "the miss recorded an event on S1");
+    host.complete_all(ctx.id);
+    // S2's next miss finds S1's event complete and takes S1's block.
+    let c = rt.alloc_async(n, S2).unwrap();
+    assert_eq!(c, a, "once its event completed, S1's block is shared");
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.device_allocs, 2);
+    rt.free_async(b, S2).unwrap();
+    rt.free_async(c, S2).unwrap();
+    host.set_manual_completion(ctx.id, false);
+}
+
+#[test]
+fn streamless_free_is_reused_only_after_a_fence() {
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    // 30 MiB: each block is a segment of its own, so only reuse can avoid a new segment.
+    let n = 30 << 20;
+    let a = rt.alloc(n).unwrap();
+    rt.free(a).unwrap();
+    let b = rt.alloc(n).unwrap();
+    assert_ne!(a, b, "a streamless free waits for a context fence");
+    host.complete_all(ctx.id);
+    rt.free(b).unwrap();
+    let c = rt.alloc(n).unwrap();
+    assert_eq!(c, a, "the block whose fence completed is reused");
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.device_allocs, 2);
+    host.complete_all(ctx.id);
+    rt.free(c).unwrap();
+    host.set_manual_completion(ctx.id, false);
+}
+
+#[test]
+fn fences_are_batched_not_one_per_free() {
+    let (rt, host, ctx) = setup();
+    let before = host.counters().fences_recorded;
+    let ptrs: Vec<u64> = (0..256).map(|_| rt.alloc(512).unwrap()).collect();
+    for p in ptrs {
+        rt.free(p).unwrap();
+    }
+    let fences = host.counters().fences_recorded - before;
+    let s = rt.context_stats(ctx).unwrap();
+    assert!(fences <= 256 / 64 + 2, "{fences} fences for 256 frees");
+    assert!(s.fences_recorded >= 256 / 64, "fences are counted");
+}
+
+#[test]
+fn free_on_another_stream_is_fenced() {
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    let a = rt.alloc_async(8192, S1).unwrap();
+    rt.free_async(a, S2).unwrap();
+    let b = rt.alloc_async(8192, S2).unwrap();
+    let c = rt.alloc_async(8192, S1).unwrap();
+    assert!(b != a && c != a, "a block freed on a foreign stream waits for a fence");
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.cross_stream_frees, 1);
+    host.complete_all(ctx.id);
+    rt.free_async(b, S2).unwrap();
+    rt.free_async(c, S1).unwrap();
+    host.set_manual_completion(ctx.id, false);
+}
+
+#[test]
+fn bad_frees_return_a_status_and_change_nothing() {
+    let (rt, _host, ctx) = setup();
+    let a = rt.alloc_async(10_000, S1).unwrap();
+    let local = 0u64;
+    assert_eq!(rt.free(&local as *const u64 as u64), Err(CupoolStatus::CupoolErrorInvalidPointer));
+    assert_eq!(rt.free(a + 512), Err(CupoolStatus::CupoolErrorInvalidPointer), "interior pointer");
+    assert_eq!(rt.free(a + 1), Err(CupoolStatus::CupoolErrorInvalidPointer), "unaligned pointer");
+    assert_eq!(rt.free(0x10), Err(CupoolStatus::CupoolErrorInvalidPointer));
+    let before = rt.context_stats(ctx).unwrap();
+    rt.free_async(a, S1).unwrap();
+    assert_eq!(rt.free_async(a, S1), Err(CupoolStatus::CupoolErrorDoubleFree));
+    assert_eq!(rt.free(a), Err(CupoolStatus::CupoolErrorDoubleFree));
+    let after = rt.context_stats(ctx).unwrap();
+    assert_eq!(after.num_frees, before.num_frees + 1, "the double free was not counted");
+    assert_eq!(rt.alloc(0), Err(CupoolStatus::CupoolErrorInvalidValue));
+    assert_eq!(rt.alloc_async(0, S1), Err(CupoolStatus::CupoolErrorInvalidValue));
+    assert_eq!(rt.alloc(usize::MAX), Err(CupoolStatus::CupoolErrorOutOfMemory));
+    assert_eq!(rt.alloc(usize::MAX / 2), Err(CupoolStatus::CupoolErrorOutOfMemory));
+    // The pool still works.
+    let b = rt.alloc_async(10_000, S1).unwrap();
+    rt.free_async(b, S1).unwrap();
+    rt.context_pool(ctx).unwrap().check_invariants().unwrap();
+}
+
+/// Device 1 is used by this test alone: its memory limit is per device.
+#[test]
+fn out_of_memory_releases_cache_retries_then_fails_cleanly() {
+    let (rt, host, ctx) = setup_on(1);
+    rt.set_memory_limit(1, 64 << 20).unwrap();
+    // Fill the cache with freed blocks: 12 MiB each, a segment of their own (36 MiB).
+    let blocks: Vec<u64> = (0..3).map(|_| rt.alloc_async(12 << 20, S1).unwrap()).collect();
+    for b in blocks {
+        rt.free_async(b, S1).unwrap();
+    }
+    let before = rt.context_stats(ctx).unwrap();
+    assert_eq!(before.reserved_bytes.current, 36 << 20);
+    // 40 MiB fits only if the pool gives its idle segments back first.
+    let big = rt.alloc_async(40 << 20, S2).unwrap();
+    let mid = rt.context_stats(ctx).unwrap();
+    assert!(mid.alloc_retries > before.alloc_retries || mid.device_frees > before.device_frees);
+    // More than the limit: OOM, counted, and the pool keeps working.
+    assert_eq!(rt.alloc_async(100 << 20, S2), Err(CupoolStatus::CupoolErrorOutOfMemory));
+    let after = rt.context_stats(ctx).unwrap();
+    assert_eq!(after.num_ooms, mid.num_ooms + 1);
+    rt.free_async(big, S2).unwrap();
+    let again = rt.alloc_async(1 << 20, S2).unwrap();
+    rt.free_async(again, S2).unwrap();
+    rt.set_memory_limit(1, 0).unwrap();
+    let _ = host;
+}
+
+#[test]
+fn empty_cache_returns_everything_after_all_frees() {
+    let (rt, host, ctx) = setup();
+    let mut ptrs = Vec::new();
+    for i in 0..50u64 {
+        ptrs.push((rt.alloc_async(((i * 7919) % (3 << 20)) as usize + 1, S1).unwrap(), S1));
+        ptrs.push((rt.alloc(((i * 104_729) % (30 << 20)) as usize + 1).unwrap(), 0));
+    }
+    for (p, s) in ptrs {
+        if s == 0 {
+            rt.free(p).unwrap();
+        } else {
+            rt.free_async(p, s).unwrap();
+        }
+    }
+    host.complete_all(ctx.id);
+    let released = rt.empty_cache(Some(0)).unwrap();
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.reserved_bytes.current, 0, "everything went back to the backend");
+    assert_eq!(s.cached_bytes.current, 0);
+    assert!(released >= s.reserved_bytes.peak);
+    assert_eq!(s.device_frees, s.device_allocs);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { size: u64, stream: Option<u8> },
+    Free { which: usize, stream: Option<u8> },
+    CompleteWork,
+    EmptyCache,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let stream = prop_oneof![Just(None), (0u8..3).prop_map(Some)];
+    prop_oneof![
+        6 => (prop_oneof![1u64..4096, 1u64..(2 << 20), 1u64..(40 << 20)], stream.clone())
+            .prop_map(|(size, stream)| Op::Alloc { size, stream }),
+        5 => (any::<usize>(), stream).prop_map(|(which, stream)| Op::Free { which, stream }),
+        1 => Just(Op::CompleteWork),
+        1 => Just(Op::EmptyCache),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    /// Random sequences: live blocks never overlap, statistics equal a simple model, the
+    /// pool's structure stays consistent, and after all frees, completed work and
+    /// empty_cache nothing stays reserved.
+    #[test]
+    fn random_sequences_match_the_model(ops in proptest::collection::vec(op(), 1..120)) {
+        // One context for every case (a process has at most 64); each case ends with the
+        // pool empty, so only the flow counters carry over: compare their increase.
+        static CTX: std::sync::OnceLock<ContextInfo> = std::sync::OnceLock::new();
+        let (rt, host, _) = setup();
+        let ctx = *CTX.get_or_init(|| host.create_context(0));
+        host.make_current(ctx);
+        host.set_manual_completion(ctx.id, true);
+        let base = rt.context_stats(ctx).unwrap();
+        let pool = rt.context_pool(ctx).unwrap();
+        let handle = |s: u8| 0x100 * (s as usize + 1);
+        let mut live: Vec<(u64, u64, u64, Option<u8>)> = Vec::new(); // ptr, rounded, requested, stream
+        let (mut allocs, mut frees) = (0u64, 0u64);
+        for op in ops {
+            match op {
+                Op::Alloc { size, stream } => {
+                    let p = match stream {
+                        None => rt.alloc(size as usize).unwrap(),
+                        Some(s) => rt.alloc_async(size as usize, handle(s)).unwrap(),
+                    };
+                    let r = round(size);
+                    for &(q, qs, _, _) in &live {
+                        prop_assert!(p + r <= q || q + qs <= p, "block {p:#x}+{r} overlaps {q:#x}+{qs}");
+                    }
+                    live.push((p, r, size, stream));
+                    allocs += 1;
+                }
+                Op::Free { which, stream } => {
+                    if live.is_empty() { continue; }
+                    let (p, _, _, _) = live.swap_remove(which % live.len());
+                    match stream {
+                        None => rt.free(p).unwrap(),
+                        Some(s) => rt.free_async(p, handle(s)).unwrap(),
+                    }
+                    frees += 1;
+                }
+                Op::CompleteWork => host.complete_all(ctx.id),
+                Op::EmptyCache => { rt.empty_cache(Some(0)).unwrap(); }
+            }
+            let s = rt.context_stats(ctx).unwrap();
+            let model_alloc: u64 = live.iter().map(|l| l.1).sum();
+            let model_req: u64 = live.iter().map(|l| l.2).sum();
+            prop_assert!(s.allocated_bytes.current >= model_alloc, "allocated below the rounded sizes");
+            prop_assert!(s.allocated_bytes.current - model_alloc <= (live.len() as u64) << 20,
+                "allocated beyond rounding slack");
+            prop_assert_eq!(s.requested_bytes.current, model_req);
+            prop_assert_eq!(s.num_allocs - base.num_allocs, allocs);
+            prop_assert_eq!(s.num_frees - base.num_frees, frees);
+            prop_assert_eq!(s.reserved_bytes.current, s.allocated_bytes.current + s.cached_bytes.current);
+            let report = pool.check_invariants().map_err(TestCaseError::fail)?;
+            prop_assert_eq!(report.allocated, s.allocated_bytes.current);
+            prop_assert!(s.allocated_bytes.peak >= s.allocated_bytes.current);
+        }
+        for (p, _, _, stream) in live.drain(..) {
+            match stream {
+                None => rt.free(p).unwrap(),
+                Some(s) => rt.free_async(p, handle(s)).unwrap(),
+            }
+        }
+        host.complete_all(ctx.id);
+        rt.empty_cache(Some(0)).unwrap();
+        let s = rt.context_stats(ctx).unwrap();
+        prop_assert_eq!(s.reserved_bytes.current, 0);
+        prop_assert_eq!(s.allocated_bytes.current, 0);
+        prop_assert_eq!(s.requested_bytes.current, 0);
+        host.set_manual_completion(ctx.id, false);
+    }
+}
+
+#[test]
+fn stress_many_threads_own_streams_and_cross_thread_frees() {
+    let (rt, host, ctx) = setup();
+    let threads = 8;
+    let per_thread = 20_000;
+    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+    std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for t in 0..threads {
+            let tx = tx.clone();
+            let rx = rx.clone();
+            handles.push(scope.spawn(move || {
+                host.make_current(ctx);
+                let stream = 0x10_000 + t * 0x100;
+                let mut live: Vec<(u64, usize, u8)> = Vec::new();
+                let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ t as u64;
+                for i in 0..per_thread {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let size = 1 + (x % 200_000) as usize;
+                    if live.len() < 32 && x % 3 != 0 {
+                        let p = if x % 5 == 0 { rt.alloc(size).unwrap() } else { rt.alloc_async(size, stream).unwrap() };
+                        let tag = (i % 251) as u8;
+                        // SAFETY: host memory of at least `size` bytes owned by this thread now.
+                        unsafe {
+                            *(p as *mut u8) = tag;
+                            *((p + size as u64 - 1) as *mut u8) = tag;
+                        }
+                        live.push((p, size, tag));
+                    } else if let Some((p, size, tag)) = live.pop() {
+                        // SAFETY: still ours: nobody else may have been handed this block.
+                        unsafe {
+                            assert_eq!(*(p as *const u8), tag, "block shared while live");
+                            assert_eq!(*((p + size as u64 - 1) as *const u8), tag);
+                        }
+                        if x % 7 == 0 {
+                            tx.send(p).unwrap(); // another thread frees it
+                        } else if x % 2 == 0 {
+                            rt.free(p).unwrap();
+                        } else {
+                            rt.free_async(p, stream).unwrap();
+                        }
+                    }
+                    if i % 64 == 0 {
+                        while let Ok(p) = rx.lock().unwrap().try_recv() {
+                            rt.free(p).unwrap();
+                        }
+                    }
+                }
+                for (p, _, _) in live {
+                    rt.free_async(p, stream).unwrap();
+                }
+            }));
+        }
+        // An explicit join waits for the whole thread exit, thread-local destructors (which
+        // flush the thread's cache) included.
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+    drop(tx);
+    while let Ok(p) = rx.lock().unwrap().try_recv() {
+        rt.free(p).unwrap();
+    }
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.num_allocs, s.num_frees);
+    assert_eq!(s.allocated_bytes.current, 0);
+    assert_eq!(s.requested_bytes.current, 0);
+    let report = rt.context_pool(ctx).unwrap().check_invariants().unwrap();
+    assert_eq!(report.allocated, 0);
+    host.complete_all(ctx.id);
+    rt.empty_cache(Some(0)).unwrap();
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.reserved_bytes.current, 0, "the exited threads' caches were flushed");
+}

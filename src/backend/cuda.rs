@@ -30,7 +30,7 @@ use super::{
     StreamHandle, StreamId,
 };
 use crate::log;
-use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 
 /// `CU_EVENT_DISABLE_TIMING`: fences and stream events are never timed, which makes them
 /// cheaper to record and query.

@@ -112,7 +112,7 @@ fn publish_handle(h: *mut c_void) -> *mut c_void {
 }
 
 /// Marks a slot that was looked up and found missing (distinct from "not looked up yet").
-const MISSING: *mut c_void = 1usize as *mut c_void;
+const MISSING: *mut c_void = core::ptr::dangling_mut::<c_void>();
 static SLOTS: [AtomicPtr<c_void>; SLOT_COUNT] = [const { AtomicPtr::new(null_mut()) }; SLOT_COUNT];
 
 /// libcuda's own implementation of `slot`, loading libcuda if needed; `None` when the

@@ -257,8 +257,7 @@ pub static HOOKS: [Hook; 19] = [
 /// `s` must be a valid NUL-terminated string.
 #[inline]
 pub unsafe fn c_str_eq(s: *const c_char, lit: &[u8]) -> bool {
-    let mut i = 0usize;
-    for &want in lit {
+    for (i, &want) in lit.iter().enumerate() {
         // SAFETY: every byte read is at or before `s`'s terminator: we stop at the first
         // mismatch, and a match on NUL ends the loop (the literal's last byte is NUL).
         let got = unsafe { *s.add(i) } as u8;
@@ -268,7 +267,6 @@ pub unsafe fn c_str_eq(s: *const c_char, lit: &[u8]) -> bool {
         if want == 0 {
             return true;
         }
-        i += 1;
     }
     false
 }

@@ -351,12 +351,15 @@ static void scenario_oom(void)
     print_pool_stats();
 }
 
-/* Allocations and frees inside a relaxed-mode capture must not invalidate it. */
-static void scenario_capture(void)
+/* Allocations and frees inside a relaxed-mode capture must not invalidate it. On a
+ * non-blocking stream the capture is invisible from the legacy stream, so only the
+ * interposer's capture tracking keeps the pool from fencing. */
+#define CU_STREAM_NON_BLOCKING 1
+static void scenario_capture(unsigned stream_flags)
 {
     enum { PAIRS = 300 };
     CUhandle stream = NULL, graph = NULL;
-    CHECK(drv.cuStreamCreate(&stream, 0));
+    CHECK(drv.cuStreamCreate(&stream, stream_flags));
     /* Warm the cache so allocations during the capture can be hits. */
     CUdeviceptr warm[4];
     for (int i = 0; i < 4; i++)
@@ -497,7 +500,9 @@ int main(int argc, char **argv)
     else if (!strcmp(s, "oom"))
         scenario_oom();
     else if (!strcmp(s, "capture"))
-        scenario_capture();
+        scenario_capture(0);
+    else if (!strcmp(s, "capture-nonblocking"))
+        scenario_capture(CU_STREAM_NON_BLOCKING);
     else if (!strcmp(s, "block-queries"))
         scenario_queries_on_blocks();
     else if (!strcmp(s, "fork"))

@@ -44,16 +44,30 @@ fn cargo_build(package: &str) {
     assert!(status.success(), "cargo build -p {package} failed");
 }
 
+/// The newest of `name` in `target/<profile>` and `target/<profile>/deps`. `cargo test`
+/// builds a library target into `deps/` and copies it up only for `cargo build`, so the
+/// copy in `deps/` is the fresh one after a source change.
+fn newest_library(name: &str) -> Option<PathBuf> {
+    let modified = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    [
+        profile_dir().join(name),
+        profile_dir().join("deps").join(name),
+    ]
+    .into_iter()
+    .filter_map(|p| modified(&p).map(|t| (t, p)))
+    .max_by_key(|(t, _)| *t)
+    .map(|(_, p)| p)
+}
+
 /// `libcupool_preload.so` of this profile, built first when missing.
 pub fn preload_library() -> PathBuf {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
-        let lib = profile_dir().join("libcupool_preload.so");
-        if !lib.exists() {
-            cargo_build("cupool_preload");
+        if let Some(lib) = newest_library("libcupool_preload.so") {
+            return lib;
         }
-        assert!(lib.exists(), "{} was not built", lib.display());
-        lib
+        cargo_build("cupool_preload");
+        newest_library("libcupool_preload.so").expect("libcupool_preload.so was not built")
     })
     .clone()
 }
@@ -62,18 +76,11 @@ pub fn preload_library() -> PathBuf {
 pub fn cupool_library_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let candidates = [profile_dir(), profile_dir().join("deps")];
-        let find = || {
-            candidates
-                .iter()
-                .find(|d| d.join("libcupool.so").exists())
-                .cloned()
-        };
-        if let Some(d) = find() {
-            return d;
-        }
-        cargo_build("cupool");
-        find().expect("libcupool.so was not built")
+        let lib = newest_library("libcupool.so").unwrap_or_else(|| {
+            cargo_build("cupool");
+            newest_library("libcupool.so").expect("libcupool.so was not built")
+        });
+        lib.parent().expect("a directory").to_path_buf()
     })
     .clone()
 }

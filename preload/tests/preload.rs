@@ -305,6 +305,7 @@ fn queries_on_pool_blocks_answer_for_the_block() {
             "{reach:?}: sub-allocated block exported"
         );
         assert_eq!(pre.get("ipc_whole"), "0", "{reach:?}");
+        assert_eq!(pre.get("info_free_recovered"), "1", "{reach:?}");
     }
 }
 

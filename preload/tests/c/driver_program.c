@@ -419,6 +419,14 @@ static void scenario_queries_on_blocks(void)
     printf("info_null_free=%d\n", drv.cuMemGetInfo_v2(NULL, &total));
     CHECK(drv.cuMemGetInfo_v2(&free_bytes, &total));
     printf("info_free_le_total=%d\n", free_bytes <= total);
+    /* Memory the program freed counts as free again, even if a pool keeps it cached. */
+    size_t free_before = 0, free_after = 0;
+    CUdeviceptr big = 0;
+    CHECK(drv.cuMemGetInfo_v2(&free_before, &total));
+    CHECK(drv.cuMemAlloc_v2(&big, 96 * MIB));
+    CHECK(drv.cuMemFree_v2(big));
+    CHECK(drv.cuMemGetInfo_v2(&free_after, &total));
+    printf("info_free_recovered=%d\n", free_after >= free_before);
     CHECK(drv.cuMemFree_v2(a));
     CHECK(drv.cuMemFree_v2(b));
 }

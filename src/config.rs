@@ -364,7 +364,10 @@ mod tests {
     fn bad_entries_are_rejected_and_defaults_kept() {
         ensure_loaded();
         let before = get(Key::FenceBatch);
-        assert_eq!(apply_string("nonsense_key:1,fence_batch:abc,novalue", "test"), 3);
+        assert_eq!(
+            apply_string("nonsense_key:1,fence_batch:abc,novalue", "test"),
+            3
+        );
         assert_eq!(get(Key::FenceBatch), before);
         assert_eq!(
             set("fence_batch", "x"),

@@ -215,8 +215,12 @@ impl Runtime {
     /// Takes a block back from the program: its record, or why not.
     #[inline]
     fn take_back(ptr: DevicePtr) -> Result<(crate::pool::block::BlockIdx, &'static DevicePool)> {
-        let idx = ADDRESSES.get(ptr).ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
-        let b = BLOCKS.try_get(idx).ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
+        let idx = ADDRESSES
+            .get(ptr)
+            .ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
+        let b = BLOCKS
+            .try_get(idx)
+            .ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
         match b.try_take_back(ptr) {
             TakeBack::Taken => {}
             TakeBack::AlreadyFree => return Err(CupoolStatus::CupoolErrorDoubleFree),
@@ -264,13 +268,15 @@ impl Runtime {
     /// with a context fence instead (the pool cannot know the two streams are ordered).
     #[inline]
     pub fn free_async(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<()> {
-        // Resolve the stream first: a failure then leaves the block untouched.
-        let sid = if self.owns(ptr) {
-            self.backend.stream_id(stream).map_err(CupoolStatus::from)?
-        } else {
-            crate::backend::StreamId(0)
-        };
         let (idx, pool) = Self::take_back(ptr)?;
+        let sid = match self.backend.stream_id(stream) {
+            Ok(sid) => sid,
+            Err(e) => {
+                // The stream cannot be identified: the program keeps the block.
+                BLOCKS.get(idx).publish_allocated(ptr);
+                return Err(e.into());
+            }
+        };
         with_thread(|ts, cache| {
             let c = ts.counters(pool.index);
             // SAFETY: `take_back` made this thread the owner.

@@ -45,14 +45,18 @@ impl CupoolStatus {
             CupoolStatus::CupoolOk => "success",
             CupoolStatus::CupoolErrorInvalidValue => "invalid value",
             CupoolStatus::CupoolErrorOutOfMemory => "out of memory",
-            CupoolStatus::CupoolErrorBackendUnavailable => "backend unavailable (no CUDA driver or device)",
+            CupoolStatus::CupoolErrorBackendUnavailable => {
+                "backend unavailable (no CUDA driver or device)"
+            }
             CupoolStatus::CupoolErrorInvalidPointer => "pointer not allocated by cupool",
             CupoolStatus::CupoolErrorDoubleFree => "pointer already freed",
             CupoolStatus::CupoolErrorInvalidDevice => "invalid device ordinal",
             CupoolStatus::CupoolErrorUnknownConfigKey => "unknown configuration key",
             CupoolStatus::CupoolErrorInvalidConfigValue => "invalid configuration value",
             CupoolStatus::CupoolErrorCuda => "CUDA driver error",
-            CupoolStatus::CupoolErrorStreamCapture => "not permitted while a stream capture is in progress",
+            CupoolStatus::CupoolErrorStreamCapture => {
+                "not permitted while a stream capture is in progress"
+            }
             CupoolStatus::CupoolErrorBufferTooSmall => "buffer too small",
             CupoolStatus::CupoolErrorVersionMismatch => "struct size or version not supported",
             CupoolStatus::CupoolErrorInternal => "internal error in cupool (please report)",

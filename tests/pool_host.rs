@@ -9,7 +9,6 @@ use cupool::backend::{ContextInfo, StreamHandle};
 use cupool::runtime::{runtime, Runtime};
 use cupool::CupoolStatus;
 use proptest::prelude::*;
-use std::collections::HashMap;
 
 fn setup() -> (&'static Runtime, &'static HostBackend, ContextInfo) {
     setup_on(0)
@@ -37,7 +36,10 @@ fn same_stream_reuse_is_a_cache_hit() {
     let a = rt.alloc_async(1000, S1).unwrap();
     rt.free_async(a, S1).unwrap();
     let b = rt.alloc_async(1000, S1).unwrap();
-    assert_eq!(a, b, "a block freed on a stream is reused by that stream at once");
+    assert_eq!(
+        a, b,
+        "a block freed on a stream is reused by that stream at once"
+    );
     rt.free_async(b, S1).unwrap();
     let s = rt.context_stats(ctx).unwrap();
     assert_eq!(s.num_allocs, 2);
@@ -48,14 +50,29 @@ fn same_stream_reuse_is_a_cache_hit() {
     assert_eq!(s.allocated_bytes.current, 0);
     assert_eq!(s.allocated_bytes.peak, 1024);
     assert_eq!(s.requested_bytes.peak, 1000);
-    assert_eq!(s.reserved_bytes.current, 2 << 20, "small blocks come from a 2 MiB segment");
+    assert_eq!(
+        s.reserved_bytes.current,
+        2 << 20,
+        "small blocks come from a 2 MiB segment"
+    );
     assert_eq!(s.cached_bytes.current, 2 << 20);
 }
 
 #[test]
 fn memory_is_usable_and_blocks_do_not_overlap() {
     let (rt, _host, _ctx) = setup();
-    let sizes = [1usize, 511, 512, 513, 4096, 100_000, 1 << 20, (1 << 20) + 1, 3 << 20, 25 << 20];
+    let sizes = [
+        1usize,
+        511,
+        512,
+        513,
+        4096,
+        100_000,
+        1 << 20,
+        (1 << 20) + 1,
+        3 << 20,
+        25 << 20,
+    ];
     let mut live = Vec::new();
     for (i, &n) in sizes.iter().enumerate() {
         let p = rt.alloc_async(n, S1).unwrap();
@@ -86,8 +103,14 @@ fn another_stream_waits_for_the_free_event() {
     // stream's miss can consider it.
     rt.flush_thread_cache();
     let b = rt.alloc_async(n, S2).unwrap();
-    assert_ne!(a, b, "S2 must not get S1's block while S1's work may still use it");
-    assert!(host.in_flight(ctx.id) > 0, "the miss recorded an event on S1");
+    assert_ne!(
+        a, b,
+        "S2 must not get S1's block while S1's work may still use it"
+    );
+    assert!(
+        host.in_flight(ctx.id) > 0,
+        "the miss recorded an event on S1"
+    );
     host.complete_all(ctx.id);
     // S2's next miss finds S1's event complete and takes S1's block.
     let c = rt.alloc_async(n, S2).unwrap();
@@ -142,7 +165,10 @@ fn free_on_another_stream_is_fenced() {
     rt.free_async(a, S2).unwrap();
     let b = rt.alloc_async(8192, S2).unwrap();
     let c = rt.alloc_async(8192, S1).unwrap();
-    assert!(b != a && c != a, "a block freed on a foreign stream waits for a fence");
+    assert!(
+        b != a && c != a,
+        "a block freed on a foreign stream waits for a fence"
+    );
     let s = rt.context_stats(ctx).unwrap();
     assert_eq!(s.cross_stream_frees, 1);
     host.complete_all(ctx.id);
@@ -156,20 +182,47 @@ fn bad_frees_return_a_status_and_change_nothing() {
     let (rt, _host, ctx) = setup();
     let a = rt.alloc_async(10_000, S1).unwrap();
     let local = 0u64;
-    assert_eq!(rt.free(&local as *const u64 as u64), Err(CupoolStatus::CupoolErrorInvalidPointer));
-    assert_eq!(rt.free(a + 512), Err(CupoolStatus::CupoolErrorInvalidPointer), "interior pointer");
-    assert_eq!(rt.free(a + 1), Err(CupoolStatus::CupoolErrorInvalidPointer), "unaligned pointer");
+    assert_eq!(
+        rt.free(&local as *const u64 as u64),
+        Err(CupoolStatus::CupoolErrorInvalidPointer)
+    );
+    assert_eq!(
+        rt.free(a + 512),
+        Err(CupoolStatus::CupoolErrorInvalidPointer),
+        "interior pointer"
+    );
+    assert_eq!(
+        rt.free(a + 1),
+        Err(CupoolStatus::CupoolErrorInvalidPointer),
+        "unaligned pointer"
+    );
     assert_eq!(rt.free(0x10), Err(CupoolStatus::CupoolErrorInvalidPointer));
     let before = rt.context_stats(ctx).unwrap();
     rt.free_async(a, S1).unwrap();
-    assert_eq!(rt.free_async(a, S1), Err(CupoolStatus::CupoolErrorDoubleFree));
+    assert_eq!(
+        rt.free_async(a, S1),
+        Err(CupoolStatus::CupoolErrorDoubleFree)
+    );
     assert_eq!(rt.free(a), Err(CupoolStatus::CupoolErrorDoubleFree));
     let after = rt.context_stats(ctx).unwrap();
-    assert_eq!(after.num_frees, before.num_frees + 1, "the double free was not counted");
+    assert_eq!(
+        after.num_frees,
+        before.num_frees + 1,
+        "the double free was not counted"
+    );
     assert_eq!(rt.alloc(0), Err(CupoolStatus::CupoolErrorInvalidValue));
-    assert_eq!(rt.alloc_async(0, S1), Err(CupoolStatus::CupoolErrorInvalidValue));
-    assert_eq!(rt.alloc(usize::MAX), Err(CupoolStatus::CupoolErrorOutOfMemory));
-    assert_eq!(rt.alloc(usize::MAX / 2), Err(CupoolStatus::CupoolErrorOutOfMemory));
+    assert_eq!(
+        rt.alloc_async(0, S1),
+        Err(CupoolStatus::CupoolErrorInvalidValue)
+    );
+    assert_eq!(
+        rt.alloc(usize::MAX),
+        Err(CupoolStatus::CupoolErrorOutOfMemory)
+    );
+    assert_eq!(
+        rt.alloc(usize::MAX / 2),
+        Err(CupoolStatus::CupoolErrorOutOfMemory)
+    );
     // The pool still works.
     let b = rt.alloc_async(10_000, S1).unwrap();
     rt.free_async(b, S1).unwrap();
@@ -182,7 +235,9 @@ fn out_of_memory_releases_cache_retries_then_fails_cleanly() {
     let (rt, host, ctx) = setup_on(1);
     rt.set_memory_limit(1, 64 << 20).unwrap();
     // Fill the cache with freed blocks: 12 MiB each, a segment of their own (36 MiB).
-    let blocks: Vec<u64> = (0..3).map(|_| rt.alloc_async(12 << 20, S1).unwrap()).collect();
+    let blocks: Vec<u64> = (0..3)
+        .map(|_| rt.alloc_async(12 << 20, S1).unwrap())
+        .collect();
     for b in blocks {
         rt.free_async(b, S1).unwrap();
     }
@@ -193,7 +248,10 @@ fn out_of_memory_releases_cache_retries_then_fails_cleanly() {
     let mid = rt.context_stats(ctx).unwrap();
     assert!(mid.alloc_retries > before.alloc_retries || mid.device_frees > before.device_frees);
     // More than the limit: OOM, counted, and the pool keeps working.
-    assert_eq!(rt.alloc_async(100 << 20, S2), Err(CupoolStatus::CupoolErrorOutOfMemory));
+    assert_eq!(
+        rt.alloc_async(100 << 20, S2),
+        Err(CupoolStatus::CupoolErrorOutOfMemory)
+    );
     let after = rt.context_stats(ctx).unwrap();
     assert_eq!(after.num_ooms, mid.num_ooms + 1);
     rt.free_async(big, S2).unwrap();
@@ -208,8 +266,15 @@ fn empty_cache_returns_everything_after_all_frees() {
     let (rt, host, ctx) = setup();
     let mut ptrs = Vec::new();
     for i in 0..50u64 {
-        ptrs.push((rt.alloc_async(((i * 7919) % (3 << 20)) as usize + 1, S1).unwrap(), S1));
-        ptrs.push((rt.alloc(((i * 104_729) % (30 << 20)) as usize + 1).unwrap(), 0));
+        ptrs.push((
+            rt.alloc_async(((i * 7919) % (3 << 20)) as usize + 1, S1)
+                .unwrap(),
+            S1,
+        ));
+        ptrs.push((
+            rt.alloc(((i * 104_729) % (30 << 20)) as usize + 1).unwrap(),
+            0,
+        ));
     }
     for (p, s) in ptrs {
         if s == 0 {
@@ -221,7 +286,10 @@ fn empty_cache_returns_everything_after_all_frees() {
     host.complete_all(ctx.id);
     let released = rt.empty_cache(Some(0)).unwrap();
     let s = rt.context_stats(ctx).unwrap();
-    assert_eq!(s.reserved_bytes.current, 0, "everything went back to the backend");
+    assert_eq!(
+        s.reserved_bytes.current, 0,
+        "everything went back to the backend"
+    );
     assert_eq!(s.cached_bytes.current, 0);
     assert!(released >= s.reserved_bytes.peak);
     assert_eq!(s.device_frees, s.device_allocs);
@@ -345,7 +413,11 @@ fn stress_many_threads_own_streams_and_cross_thread_frees() {
                     x ^= x << 17;
                     let size = 1 + (x % 200_000) as usize;
                     if live.len() < 32 && x % 3 != 0 {
-                        let p = if x % 5 == 0 { rt.alloc(size).unwrap() } else { rt.alloc_async(size, stream).unwrap() };
+                        let p = if x % 5 == 0 {
+                            rt.alloc(size).unwrap()
+                        } else {
+                            rt.alloc_async(size, stream).unwrap()
+                        };
                         let tag = (i % 251) as u8;
                         // SAFETY: host memory of at least `size` bytes owned by this thread now.
                         unsafe {
@@ -397,5 +469,8 @@ fn stress_many_threads_own_streams_and_cross_thread_frees() {
     host.complete_all(ctx.id);
     rt.empty_cache(Some(0)).unwrap();
     let s = rt.context_stats(ctx).unwrap();
-    assert_eq!(s.reserved_bytes.current, 0, "the exited threads' caches were flushed");
+    assert_eq!(
+        s.reserved_bytes.current, 0,
+        "the exited threads' caches were flushed"
+    );
 }

@@ -8,8 +8,8 @@
 //! id, as `cuStreamGetId` does.
 
 use super::{
-    Backend, BackendError, BackendResult, ContextId, ContextInfo, DevicePtr, EventHandle, StreamHandle,
-    StreamId,
+    Backend, BackendError, BackendResult, ContextId, ContextInfo, DevicePtr, EventHandle,
+    StreamHandle, StreamId,
 };
 use crate::config::{self, Key};
 use std::cell::Cell;
@@ -145,7 +145,12 @@ impl HostBackend {
 
     /// Events recorded and not yet completed in `ctx`.
     pub fn in_flight(&self, ctx: ContextId) -> usize {
-        self.state.lock().events.values().filter(|(c, d)| *c == ctx.0 && !d).count()
+        self.state
+            .lock()
+            .events
+            .values()
+            .filter(|(c, d)| *c == ctx.0 && !d)
+            .count()
     }
 
     /// Simulates a stream capture in progress (context fences fail while one is active).
@@ -273,7 +278,11 @@ impl Backend for HostBackend {
         Ok(())
     }
 
-    fn record_stream_event(&self, ctx: ContextId, _stream: StreamHandle) -> BackendResult<EventHandle> {
+    fn record_stream_event(
+        &self,
+        ctx: ContextId,
+        _stream: StreamHandle,
+    ) -> BackendResult<EventHandle> {
         let ev = self.record(ctx);
         self.state.lock().events_recorded += 1;
         Ok(ev)

@@ -110,7 +110,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Records an event on `stream`: it completes when all work submitted to `stream`
     /// before this call has completed.
-    fn record_stream_event(&self, ctx: ContextId, stream: StreamHandle) -> BackendResult<EventHandle>;
+    fn record_stream_event(
+        &self,
+        ctx: ContextId,
+        stream: StreamHandle,
+    ) -> BackendResult<EventHandle>;
 
     /// Records a context fence: it completes when all work submitted to any stream of `ctx`
     /// before this call has completed (`cuCtxRecordEvent`). Fails with

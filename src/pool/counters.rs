@@ -132,8 +132,14 @@ mod tests {
         let a = ThreadCounters::new(false);
         assert!(a.raise(Level::Allocated, 10, 0).0);
         a.lower(Level::Allocated, 10);
-        assert!(!a.raise(Level::Allocated, 10, 0).0, "back to the old high: no new peak");
+        assert!(
+            !a.raise(Level::Allocated, 10, 0).0,
+            "back to the old high: no new peak"
+        );
         assert!(a.raise(Level::Allocated, 1, 0).0);
-        assert!(a.raise(Level::Allocated, 0, 1).0, "a peak reset re-arms the check");
+        assert!(
+            a.raise(Level::Allocated, 0, 1).0,
+            "a peak reset re-arms the check"
+        );
     }
 }

@@ -207,6 +207,9 @@ impl Shared {
     }
 }
 
+/// An event or fence and the clock value it covers.
+type Recorded = (EventHandle, u64);
+
 /// Which work a fence-advance pass may do.
 #[derive(Copy, Clone, PartialEq, Eq)]
 enum Advance {
@@ -452,7 +455,13 @@ impl DevicePool {
     ///
     /// # Safety
     /// Pool lock held; `idx` is owned by the caller (in no index).
-    unsafe fn split(&self, idx: BlockIdx, size: u64, kind: SegmentKind, rest_place: Place) -> Option<BlockIdx> {
+    unsafe fn split(
+        &self,
+        idx: BlockIdx,
+        size: u64,
+        kind: SegmentKind,
+        rest_place: Place,
+    ) -> Option<BlockIdx> {
         let d = BLOCKS.get(idx).data();
         let rest_size = d.size - size;
         let min = match kind {
@@ -488,7 +497,13 @@ impl DevicePool {
     }
 
     /// Marks `idx` as handed to the program and does its bookkeeping.
-    fn hand_out(&self, c: &ThreadCounters, idx: BlockIdx, requested: u64, stream: Option<StreamRef>) -> u64 {
+    fn hand_out(
+        &self,
+        c: &ThreadCounters,
+        idx: BlockIdx,
+        requested: u64,
+        stream: Option<StreamRef>,
+    ) -> u64 {
         let b = BLOCKS.get(idx);
         // SAFETY: the caller took `idx` out of every list; nobody else refers to it.
         let d = unsafe { b.data() };
@@ -569,7 +584,10 @@ impl DevicePool {
         };
         let mut last = CupoolStatus::CupoolErrorOutOfMemory;
         for seg_size in [standard, minimal] {
-            if seg_size == minimal && standard == minimal && last != CupoolStatus::CupoolErrorOutOfMemory {
+            if seg_size == minimal
+                && standard == minimal
+                && last != CupoolStatus::CupoolErrorOutOfMemory
+            {
                 break;
             }
             let limit = self.limit();
@@ -581,7 +599,9 @@ impl DevicePool {
                 continue;
             }
             match self.backend.allocate(self.ctx.id, seg_size) {
-                Ok(ptr) => return self.adopt_segment(c, ptr, seg_size, size, requested, kind, stream),
+                Ok(ptr) => {
+                    return self.adopt_segment(c, ptr, seg_size, size, requested, kind, stream)
+                }
                 Err(BackendError::OutOfMemory) => last = CupoolStatus::CupoolErrorOutOfMemory,
                 Err(e) => {
                     crate::log::info(&format!("cupool: segment allocation failed: {e:?}"));
@@ -737,10 +757,12 @@ impl DevicePool {
         let mut stream_events = Vec::new();
         for (id, handle) in to_check {
             match self.backend.stream_id(handle) {
-                Ok(sid) if sid.0 == id => match self.backend.record_stream_event(self.ctx.id, handle) {
-                    Ok(ev) => stream_events.push((id, ev)),
-                    Err(_) => need_fence = true,
-                },
+                Ok(sid) if sid.0 == id => {
+                    match self.backend.record_stream_event(self.ctx.id, handle) {
+                        Ok(ev) => stream_events.push((id, ev)),
+                        Err(_) => need_fence = true,
+                    }
+                }
                 _ => need_fence = true,
             }
         }
@@ -779,7 +801,7 @@ impl DevicePool {
         self.seal(c, true);
         // Which events to look at: newest first (a completed newer event implies the older
         // ones of the same stream, and a completed fence implies every older fence).
-        let (fences, streams): (Vec<(EventHandle, u64)>, Vec<(u64, Vec<(EventHandle, u64)>)>) = {
+        let (fences, streams): (Vec<Recorded>, Vec<(u64, Vec<Recorded>)>) = {
             let sh = self.shared.lock();
             (
                 sh.fences.iter().rev().copied().collect(),
@@ -790,11 +812,14 @@ impl DevicePool {
                     .collect(),
             )
         };
-        let done_upto = |evs: &[(EventHandle, u64)]| -> u64 {
+        let done_upto = |evs: &[Recorded]| -> u64 {
             for &(ev, e) in evs {
                 let complete = match mode {
                     Advance::SealAndWait => self.backend.wait_event(self.ctx.id, ev).is_ok(),
-                    Advance::SealAndPoll => self.backend.event_completed(self.ctx.id, ev).unwrap_or(false),
+                    Advance::SealAndPoll => self
+                        .backend
+                        .event_completed(self.ctx.id, ev)
+                        .unwrap_or(false),
                 };
                 if complete {
                     return e;
@@ -807,7 +832,10 @@ impl DevicePool {
             0
         };
         let fence_done = done_upto(&fences);
-        let stream_done: Vec<(u64, u64)> = streams.iter().map(|(id, evs)| (*id, done_upto(evs))).collect();
+        let stream_done: Vec<(u64, u64)> = streams
+            .iter()
+            .map(|(id, evs)| (*id, done_upto(evs)))
+            .collect();
 
         let mut recycle = Vec::new();
         let mut moved = false;
@@ -897,7 +925,8 @@ impl DevicePool {
                 // SAFETY: pool lock held.
                 unsafe {
                     let d = BLOCKS.get(idx).data();
-                    if d.place == Place::FreeShared && d.seg_next == NIL && d.size == d.segment_size {
+                    if d.place == Place::FreeShared && d.seg_next == NIL && d.size == d.segment_size
+                    {
                         let kind = d.kind;
                         sh.index(kind).remove(&BLOCKS, idx);
                         ADDRESSES.clear(base);
@@ -1043,7 +1072,10 @@ impl DevicePool {
                 while idx != NIL {
                     let d = BLOCKS.get(idx).data();
                     if d.ptr != expect || d.seg_prev != prev || d.pool != self.index {
-                        return Err(format!("segment {base:#x}: block {:#x} out of place", d.ptr));
+                        return Err(format!(
+                            "segment {base:#x}: block {:#x} out of place",
+                            d.ptr
+                        ));
                     }
                     if ADDRESSES.get(d.ptr) != Some(idx) {
                         return Err(format!("block {:#x} missing from the address map", d.ptr));
@@ -1058,7 +1090,9 @@ impl DevicePool {
                         Place::FreeOnStream => report.on_stream += d.size,
                         Place::AwaitingFence => report.awaiting_fence += d.size,
                         Place::ThreadCache => report.thread_cache += d.size,
-                        Place::Unused => return Err(format!("block {:#x} unused but linked", d.ptr)),
+                        Place::Unused => {
+                            return Err(format!("block {:#x} unused but linked", d.ptr))
+                        }
                     }
                     prev_shared = shared;
                     expect = d.ptr + d.size;
@@ -1072,12 +1106,19 @@ impl DevicePool {
             }
         }
         if report.reserved != sh.reserved {
-            return Err(format!("reserved {} != segments {}", sh.reserved, report.reserved));
+            return Err(format!(
+                "reserved {} != segments {}",
+                sh.reserved, report.reserved
+            ));
         }
         if sh.small.bytes + sh.large.bytes != report.shared {
             return Err("shared index bytes disagree with the blocks".into());
         }
-        let on_stream: u64 = sh.streams.iter().map(|s| s.small.bytes + s.large.bytes).sum();
+        let on_stream: u64 = sh
+            .streams
+            .iter()
+            .map(|s| s.small.bytes + s.large.bytes)
+            .sum();
         let aged: u64 = sh.streams.iter().map(|s| s.age.bytes).sum();
         if on_stream != report.on_stream || aged != report.on_stream {
             return Err("stream indexes disagree with the blocks".into());

@@ -70,10 +70,17 @@ mod tests {
             assert!(c < NUM_CLASSES);
             assert!(class_min_size(c) <= size, "{size} below its class minimum");
             if c + 1 < NUM_CLASSES {
-                assert!(class_min_size(c + 1) > size, "{size} belongs to a higher class");
+                assert!(
+                    class_min_size(c + 1) > size,
+                    "{size} belongs to a higher class"
+                );
             }
             last = c;
-            size = if size < 1 << 20 { size + ALIGNMENT } else { size + size / 7 + ALIGNMENT };
+            size = if size < 1 << 20 {
+                size + ALIGNMENT
+            } else {
+                size + size / 7 + ALIGNMENT
+            };
             size = round_size(size.min(MAX_SIZE)).unwrap();
             if size == MAX_SIZE {
                 assert_eq!(class_of(size), class_of(MAX_SIZE));

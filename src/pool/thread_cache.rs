@@ -110,7 +110,8 @@ impl ThreadCache {
     /// is off for this block or full: then the caller gives it to the pool.
     #[inline]
     pub fn put(&mut self, pool: u16, stream: StreamRef, idx: BlockIdx, size: u64) -> bool {
-        let limit = crate::config::get(crate::config::Key::ThreadCacheMaxBlock).min(MAX_CACHED_BLOCK);
+        let limit =
+            crate::config::get(crate::config::Key::ThreadCacheMaxBlock).min(MAX_CACHED_BLOCK);
         if size > limit || !crate::config::get_bool(crate::config::Key::ThreadCache) {
             return false;
         }
@@ -206,7 +207,10 @@ impl ThreadCache {
         for bin in slot.bins.iter_mut().filter(|b| b.len > 0) {
             let items = &bin.items[..bin.len as usize];
             // SAFETY: owned by this thread's cache.
-            bytes += items.iter().map(|&i| unsafe { BLOCKS.get(i).data().size }).sum::<u64>();
+            bytes += items
+                .iter()
+                .map(|&i| unsafe { BLOCKS.get(i).data().size })
+                .sum::<u64>();
             if let Some(p) = pool {
                 // SAFETY: the blocks leave this thread's cache for the pool.
                 unsafe { p.free_to_stream(stream, items) };
@@ -253,7 +257,9 @@ unsafe impl Sync for ThreadState {}
 impl ThreadState {
     fn new(shared: bool) -> Self {
         ThreadState {
-            counters: (0..MAX_POOLS).map(|_| ThreadCounters::new(shared)).collect(),
+            counters: (0..MAX_POOLS)
+                .map(|_| ThreadCounters::new(shared))
+                .collect(),
             cache: UnsafeCell::new(ThreadCache::new()),
         }
     }
@@ -374,7 +380,10 @@ pub fn sum_pool(pool: u16) -> PoolSums {
     };
     for t in REGISTRY.lock().all.iter() {
         let c = t.counters(pool);
-        for (i, l) in [Level::Allocated, Level::Requested, Level::Cached].into_iter().enumerate() {
+        for (i, l) in [Level::Allocated, Level::Requested, Level::Cached]
+            .into_iter()
+            .enumerate()
+        {
             s.levels[i] += c.level(l);
         }
         for (i, k) in [Count::Allocs, Count::Frees].into_iter().enumerate() {

@@ -138,8 +138,9 @@ unsafe fn c_text<'a>(s: *const c_char, not_utf8: CupoolStatus) -> Result<&'a str
 /// `cupool_free_async`. `ptr_out` must not be NULL. On failure `*ptr_out` is not written.
 ///
 /// A `size` of 0 returns `CUPOOL_ERROR_INVALID_VALUE` (unlike `malloc(0)`, no unique pointer
-/// is handed out). Other errors: `CUPOOL_ERROR_OUT_OF_MEMORY`,
-/// `CUPOOL_ERROR_BACKEND_UNAVAILABLE` (no CUDA driver or device).
+/// is handed out). Other errors: `CUPOOL_ERROR_OUT_OF_MEMORY` (also for a size no device
+/// can hold, as `cudaMalloc` reports it), `CUPOOL_ERROR_BACKEND_UNAVAILABLE` (no CUDA driver
+/// or device).
 ///
 /// # Safety
 /// `ptr_out` is NULL or valid for writing one pointer.

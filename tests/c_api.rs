@@ -130,7 +130,12 @@ fn lsan_unavailable(out: &Output) -> bool {
 }
 
 fn run(exe: &Path, conf: Option<&str>, detect_leaks: bool) -> Output {
+    run_with_args(exe, &[], conf, detect_leaks)
+}
+
+fn run_with_args(exe: &Path, args: &[&str], conf: Option<&str>, detect_leaks: bool) -> Output {
     let mut cmd = Command::new(exe);
+    cmd.args(args);
     cmd.env_remove("CUPOOL_CONF")
         .env_remove("CUPOOL_LOG")
         .env_remove("CUPOOL_STATS_AT_EXIT")
@@ -151,16 +156,27 @@ fn run(exe: &Path, conf: Option<&str>, detect_leaks: bool) -> Output {
 
 /// Compiles and runs `tests/c/<name>.c` both ways; returns the shared build's stdout.
 fn run_c_test(name: &str, conf: Option<&str>) -> String {
+    run_c_test_with_args(name, conf, |_| Vec::new())
+}
+
+/// As [`run_c_test`], with command-line arguments chosen per linkage.
+fn run_c_test_with_args(
+    name: &str,
+    conf: Option<&str>,
+    args_for: impl Fn(Linkage) -> Vec<String>,
+) -> String {
     let source = manifest_dir().join("tests/c").join(format!("{name}.c"));
     let mut first_stdout = None;
     for linkage in [Linkage::Shared, Linkage::Static] {
         let exe = compile(&source, name, linkage);
-        let mut out = run(&exe, conf, true);
+        let args = args_for(linkage);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut out = run_with_args(&exe, &args, conf, true);
         if lsan_unavailable(&out) {
             eprintln!(
                 "note: LeakSanitizer cannot run here (ptrace?); {name} runs without leak checks"
             );
-            out = run(&exe, conf, false);
+            out = run_with_args(&exe, &args, conf, false);
         }
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -221,6 +237,23 @@ fn cuda_header_and_cupool_header_compile_together() {
 #[test]
 fn cuda_backend_without_driver_is_unavailable() {
     run_c_test("no_backend", None);
+}
+
+#[test]
+fn two_copies_of_the_library_share_one_pool() {
+    // A second copy under another file name is a separate load, with its own statics, as
+    // the copy inside libcupool_preload.so is.
+    let art = artifacts();
+    let second_copy = art.c_out_dir.join("libcupool_second_copy.so");
+    std::fs::copy(art.profile_dir.join("libcupool.so"), &second_copy).expect("copy libcupool.so");
+    let second_copy = second_copy.to_string_lossy().into_owned();
+    run_c_test_with_args("one_pool", HOST, |linkage| {
+        let mode = match linkage {
+            Linkage::Shared => "local",
+            Linkage::Static => "global",
+        };
+        vec![second_copy.clone(), mode.to_string()]
+    });
 }
 
 #[test]

@@ -1,0 +1,152 @@
+//! Process lifecycle of the interposer: lazy start, exit, fork.
+//!
+//! - Nothing happens at load time but resolving the real `dlsym` (a libc call) and raising
+//!   the "interposition active" flag (an atomic): a process that never calls a CUDA entry
+//!   point runs untouched.
+//! - The pool starts on the first allocation hook that needs it. At that moment the exit
+//!   and fork handlers are registered. Registering at the first allocation (not at the
+//!   first `cuGetProcAddress`) matters for exit order: the CUDA runtime registers its own
+//!   teardown during its initialisation, before it allocates, so our exit handler, which
+//!   `atexit` runs in reverse order, runs first and marks the process as exiting before
+//!   the runtime or the driver tears anything down.
+//! - Exit: [`cupool::runtime::mark_exiting`] (no CUDA call from the pool from then on),
+//!   then the optional `CUPOOL_STATS_AT_EXIT` summary, written with one `write(2)`.
+//! - Fork: in the child of a process whose pool was live, every hook passes straight
+//!   through to the driver (which refuses a forked child anyway) and the pool is marked
+//!   dead for the C API too ([`cupool::runtime::mark_fork_child`]).
+
+use core::sync::atomic::{
+    AtomicBool, AtomicU8, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
+use cupool::runtime::Runtime;
+
+/// Set in a fork child of a process whose pool was live: hooks pass everything through.
+static FORK_CHILD: AtomicBool = AtomicBool::new(false);
+/// Set by the exit handler.
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// Set once our code has seen the pool running.
+static POOL_STARTED: AtomicBool = AtomicBool::new(false);
+/// `CUPOOL_STATS_AT_EXIT` as read when the handlers were registered.
+static STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
+
+const HANDLERS_NONE: u8 = 0;
+const HANDLERS_REGISTERING: u8 = 1;
+const HANDLERS_DONE: u8 = 2;
+static HANDLERS: AtomicU8 = AtomicU8::new(HANDLERS_NONE);
+
+/// Whether hooks must forward everything to the driver untouched: in a fork child, and
+/// when another copy of cupool owns the process's pool (an executable that exports the
+/// cupool API itself): the hooks serve only this copy's pool, and one pool per process
+/// wins over interposition.
+#[inline]
+pub fn pass_through() -> bool {
+    FORK_CHILD.load(Relaxed) || cupool::ffi::process_api::forwards_to_other_copy()
+}
+
+/// Whether the process has started exiting (our exit handler ran).
+#[inline]
+pub fn exiting() -> bool {
+    EXITING.load(Relaxed)
+}
+
+/// The pool for a hook that may start it. `None`: pass the call through (fork child, or
+/// the pool cannot start: no device, backend refused, ...).
+pub fn runtime() -> Option<&'static Runtime> {
+    if pass_through() {
+        return None;
+    }
+    register_handlers_once();
+    let rt = match cupool::runtime::runtime_if_started() {
+        Some(rt) => rt,
+        None => cupool::runtime::runtime().ok()?,
+    };
+    if !POOL_STARTED.load(Relaxed) {
+        POOL_STARTED.store(true, Relaxed);
+    }
+    Some(rt)
+}
+
+/// The pool if it is running; never starts it (frees, queries: a pool that never started
+/// owns no pointer).
+pub fn runtime_if_started() -> Option<&'static Runtime> {
+    if pass_through() {
+        return None;
+    }
+    let rt = cupool::runtime::runtime_if_started()?;
+    register_handlers_once();
+    POOL_STARTED.store(true, Relaxed);
+    Some(rt)
+}
+
+fn register_handlers_once() {
+    if HANDLERS.load(Acquire) == HANDLERS_DONE {
+        return;
+    }
+    if HANDLERS
+        .compare_exchange(HANDLERS_NONE, HANDLERS_REGISTERING, Acquire, Relaxed)
+        .is_err()
+    {
+        return; // another thread is registering, or has
+    }
+    STATS_AT_EXIT.store(stats_at_exit_requested(), Relaxed);
+    // SAFETY: plain libc registrations of `extern "C"` functions that never unwind.
+    unsafe {
+        libc::atexit(on_exit);
+        libc::pthread_atfork(None, None, Some(on_fork_child));
+    }
+    cupool::log::debug("cupool: preload hooks live; exit and fork handlers registered");
+    HANDLERS.store(HANDLERS_DONE, Release);
+}
+
+fn stats_at_exit_requested() -> bool {
+    match std::env::var("CUPOOL_STATS_AT_EXIT") {
+        Ok(v) => matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        ),
+        Err(_) => false,
+    }
+}
+
+extern "C" fn on_exit() {
+    EXITING.store(true, Relaxed);
+    let _ = std::panic::catch_unwind(|| {
+        cupool::runtime::mark_exiting();
+        if STATS_AT_EXIT.load(Relaxed) {
+            print_stats_at_exit();
+        }
+    });
+}
+
+/// One screen of counters, one `write(2)`. No CUDA call: stats are host-side counters.
+fn print_stats_at_exit() {
+    let pid = std::process::id();
+    let mut text = format!("cupool: statistics at exit (pid {pid})\n");
+    match cupool::runtime::runtime_if_started().map(|rt| rt.stats(None)) {
+        Some(Ok(stats)) => text.push_str(&stats.to_text()),
+        Some(Err(status)) => {
+            text.push_str(&format!("  statistics unavailable: {}\n", status.as_str()));
+        }
+        None => {
+            text.push_str("  the pool never started: every call went to the driver unchanged\n")
+        }
+    }
+    cupool::log::write_stderr(text.as_bytes());
+}
+
+/// Runs in the child right after `fork`: only atomics here (async-signal-safe).
+extern "C" fn on_fork_child() {
+    if POOL_STARTED.load(Relaxed) {
+        FORK_CHILD.store(true, Relaxed);
+        cupool::runtime::mark_fork_child();
+    }
+}
+
+/// Called from the library constructor: atomics only.
+pub fn on_load() {
+    // The real dlsym is resolved before any other code can call our `dlsym`.
+    crate::real::resolve_real_dlsym();
+    if !cupool::ffi::process_api::forwards_to_other_copy() {
+        cupool::ffi::set_interposition_active(true);
+    }
+}

@@ -1,0 +1,175 @@
+//! The real functions behind the hooks: glibc's `dlsym` and libcuda's own entry points.
+//!
+//! Note [never our own hook]: a call to `dlsym` made from inside this library binds to our
+//! exported `dlsym` (self-interposition), and `dlsym(RTLD_DEFAULT, "cuMemAlloc_v2")` finds
+//! our export first. So the real `dlsym` is found with `dlvsym(RTLD_NEXT, ...)` (which
+//! skips this library and is not hooked), and libcuda's functions are resolved with the
+//! real `dlsym` on libcuda's own handle, which searches libcuda and its dependencies only.
+//! Every address is cached in an atomic: no lock, no allocation after the first lookup.
+
+use crate::table::{Slot, SLOT_COUNT};
+use core::ffi::{c_char, c_int, c_void};
+use core::ptr::null_mut;
+use core::sync::atomic::{AtomicPtr, Ordering::Acquire, Ordering::Release};
+
+/// glibc's `dlsym` signature.
+pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// `RTLD_NEXT` (glibc): search the objects after the caller's.
+pub const RTLD_NEXT: *mut c_void = -1isize as *mut c_void;
+/// `RTLD_DEFAULT` (glibc): the global scope.
+pub const RTLD_DEFAULT: *mut c_void = null_mut();
+
+static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+
+/// Versions glibc has given `dlsym`: 2.34 moved it into libc proper; the older ones are
+/// the original x86-64 and aarch64 versions.
+const DLSYM_VERSIONS: [&[u8]; 3] = [b"GLIBC_2.34\0", b"GLIBC_2.2.5\0", b"GLIBC_2.17\0"];
+
+/// glibc's `dlsym`, or `None` when it cannot be found (then nothing can be resolved).
+/// Lock- and allocation-free once resolved (the library constructor resolves it early).
+#[inline]
+pub fn real_dlsym() -> Option<DlsymFn> {
+    let mut p = REAL_DLSYM.load(Acquire);
+    if p.is_null() {
+        p = resolve_real_dlsym();
+    }
+    if p.is_null() {
+        None
+    } else {
+        // SAFETY: `p` is the address of glibc's `dlsym`, which has this signature.
+        Some(unsafe { core::mem::transmute::<*mut c_void, DlsymFn>(p) })
+    }
+}
+
+/// Looks the real `dlsym` up with `dlvsym`, which we do not hook. Safe to race: every
+/// thread finds the same address.
+pub fn resolve_real_dlsym() -> *mut c_void {
+    for version in DLSYM_VERSIONS {
+        // SAFETY: both strings are NUL-terminated literals.
+        let p = unsafe { libc::dlvsym(RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr().cast()) };
+        if !p.is_null() {
+            REAL_DLSYM.store(p, Release);
+            return p;
+        }
+    }
+    null_mut()
+}
+
+/// Calls the real `dlsym`; NULL when it cannot be found.
+///
+/// # Safety
+/// As `dlsym`: `name` must be NULL or NUL-terminated.
+pub unsafe fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    match real_dlsym() {
+        // SAFETY: forwarded unchanged.
+        Some(f) => unsafe { f(handle, name) },
+        None => null_mut(),
+    }
+}
+
+static LIBCUDA: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+const LIBCUDA_SONAME: &core::ffi::CStr = c"libcuda.so.1";
+
+/// libcuda's handle if the process has already loaded it; never loads it. The handle keeps
+/// one reference to libcuda for the life of the process (libcuda is never unloaded while
+/// a CUDA program runs anyway).
+pub fn loaded_libcuda() -> *mut c_void {
+    let h = LIBCUDA.load(Acquire);
+    if !h.is_null() {
+        return h;
+    }
+    // SAFETY: plain dlopen of a literal name; RTLD_NOLOAD never loads anything.
+    let h = unsafe { libc::dlopen(LIBCUDA_SONAME.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    publish_handle(h)
+}
+
+/// libcuda's handle, loading it if needed: only called from a CUDA entry point, i.e. when
+/// the program is using CUDA (a `-lcuda` program has it loaded already).
+pub fn libcuda_for_call() -> *mut c_void {
+    let h = loaded_libcuda();
+    if !h.is_null() {
+        return h;
+    }
+    // SAFETY: as above.
+    let h = unsafe { libc::dlopen(LIBCUDA_SONAME.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+    publish_handle(h)
+}
+
+fn publish_handle(h: *mut c_void) -> *mut c_void {
+    if h.is_null() {
+        return h;
+    }
+    match LIBCUDA.compare_exchange(null_mut(), h, Release, Acquire) {
+        Ok(_) => h,
+        Err(existing) => {
+            // Another thread won; drop our extra reference.
+            // SAFETY: `h` came from a successful dlopen.
+            unsafe { libc::dlclose(h) };
+            existing
+        }
+    }
+}
+
+/// Marks a slot that was looked up and found missing (distinct from "not looked up yet").
+const MISSING: *mut c_void = core::ptr::dangling_mut::<c_void>();
+static SLOTS: [AtomicPtr<c_void>; SLOT_COUNT] = [const { AtomicPtr::new(null_mut()) }; SLOT_COUNT];
+
+/// libcuda's own implementation of `slot`, loading libcuda if needed; `None` when the
+/// driver does not export it (or no driver can be loaded).
+pub fn function(slot: Slot) -> Option<*mut c_void> {
+    let cell = SLOTS.get(slot as usize)?;
+    let p = cell.load(Acquire);
+    if p == MISSING {
+        return None;
+    }
+    if !p.is_null() {
+        return Some(p);
+    }
+    let lib = libcuda_for_call();
+    if lib.is_null() {
+        // Not cached: libcuda may become loadable later (e.g. LD_LIBRARY_PATH set by then
+        // is not possible, but a later dlopen by the program with a full path is).
+        return None;
+    }
+    // SAFETY: `lib` is a live handle; the name is a NUL-terminated literal.
+    let found = unsafe { dlsym(lib, slot.exported_name().as_ptr().cast()) };
+    cell.store(if found.is_null() { MISSING } else { found }, Release);
+    (!found.is_null()).then_some(found)
+}
+
+/// libcuda's own implementation of `slot` if libcuda is loaded; never loads it.
+pub fn function_if_loaded(slot: Slot) -> Option<*mut c_void> {
+    if loaded_libcuda().is_null() {
+        return None;
+    }
+    function(slot)
+}
+
+/// Casts a resolved address to the function type the slot has.
+///
+/// # Safety
+/// `F` must be the exact signature of `slot`'s exported function.
+#[inline]
+pub unsafe fn typed<F: Copy>(slot: Slot) -> Option<F> {
+    debug_assert_eq!(
+        core::mem::size_of::<F>(),
+        core::mem::size_of::<*mut c_void>()
+    );
+    let p = function(slot)?;
+    // SAFETY: the caller names the right signature; fn pointers are pointer-sized.
+    Some(unsafe { core::mem::transmute_copy::<*mut c_void, F>(&p) })
+}
+
+type CtxGetCurrentFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+
+/// The calling thread's current context as the driver sees it; `None` when the driver is
+/// not initialised, or no context is current (the real call would then fail on its own).
+pub fn current_context() -> Option<u64> {
+    // SAFETY: `cuCtxGetCurrent(CUcontext *pctx)`.
+    let f = unsafe { typed::<CtxGetCurrentFn>(Slot::CtxGetCurrent) }?;
+    let mut ctx: *mut c_void = null_mut();
+    // SAFETY: `ctx` is a valid out-pointer.
+    let rc = unsafe { f(&mut ctx) };
+    (rc == 0 && !ctx.is_null()).then_some(ctx as u64)
+}

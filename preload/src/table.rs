@@ -1,0 +1,326 @@
+//! The one table of driver entry points the interposer knows: for each, the exact name
+//! libcuda exports, the `cuGetProcAddress` query it answers (base name, version range,
+//! stream flavour), and the hook that replaces it.
+//!
+//! Three users read it: the `dlsym` hook (exact exported name → hook), the
+//! `cuGetProcAddress` wrappers ((base name, version, flags) → hook) and the real-driver
+//! table in [`crate::real`] (slot → exported name to resolve in libcuda).
+//!
+//! Versions follow the driver's `PFN_*_v<version>` typedefs: a hook is handed out only for
+//! the version range whose signature it has. `cuMemAlloc` asked at 2000 is the 32-bit v1
+//! ABI and is left alone; at 3020 and later it is `cuMemAlloc_v2`, which we hook.
+
+use core::ffi::{c_char, c_void};
+
+/// A driver function whose real address the interposer keeps.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Slot {
+    MemAlloc = 0,
+    MemFree,
+    MemGetInfo,
+    MemGetAddressRange,
+    IpcGetMemHandle,
+    PointerGetAttribute,
+    PointerGetAttributes,
+    MemFreeAsync,
+    MemFreeAsyncPtsz,
+    BeginCapture,
+    BeginCapturePtsz,
+    BeginCaptureV2,
+    BeginCaptureV2Ptsz,
+    BeginCaptureToGraph,
+    BeginCaptureToGraphPtsz,
+    EndCapture,
+    EndCapturePtsz,
+    GetProcAddress,
+    GetProcAddressV2,
+    /// Not hooked: the hooks use it to find the calling thread's context.
+    CtxGetCurrent,
+}
+
+/// Number of [`Slot`]s.
+pub const SLOT_COUNT: usize = Slot::CtxGetCurrent as usize + 1;
+
+impl Slot {
+    /// The name libcuda exports for this exact variant, NUL-terminated.
+    pub const fn exported_name(self) -> &'static [u8] {
+        match self {
+            Slot::MemAlloc => b"cuMemAlloc_v2\0",
+            Slot::MemFree => b"cuMemFree_v2\0",
+            Slot::MemGetInfo => b"cuMemGetInfo_v2\0",
+            Slot::MemGetAddressRange => b"cuMemGetAddressRange_v2\0",
+            Slot::IpcGetMemHandle => b"cuIpcGetMemHandle\0",
+            Slot::PointerGetAttribute => b"cuPointerGetAttribute\0",
+            Slot::PointerGetAttributes => b"cuPointerGetAttributes\0",
+            Slot::MemFreeAsync => b"cuMemFreeAsync\0",
+            Slot::MemFreeAsyncPtsz => b"cuMemFreeAsync_ptsz\0",
+            Slot::BeginCapture => b"cuStreamBeginCapture\0",
+            Slot::BeginCapturePtsz => b"cuStreamBeginCapture_ptsz\0",
+            Slot::BeginCaptureV2 => b"cuStreamBeginCapture_v2\0",
+            Slot::BeginCaptureV2Ptsz => b"cuStreamBeginCapture_v2_ptsz\0",
+            Slot::BeginCaptureToGraph => b"cuStreamBeginCaptureToGraph\0",
+            Slot::BeginCaptureToGraphPtsz => b"cuStreamBeginCaptureToGraph_ptsz\0",
+            Slot::EndCapture => b"cuStreamEndCapture\0",
+            Slot::EndCapturePtsz => b"cuStreamEndCapture_ptsz\0",
+            Slot::GetProcAddress => b"cuGetProcAddress\0",
+            Slot::GetProcAddressV2 => b"cuGetProcAddress_v2\0",
+            Slot::CtxGetCurrent => b"cuCtxGetCurrent\0",
+        }
+    }
+
+    /// Every slot, in index order.
+    pub const ALL: [Slot; SLOT_COUNT] = [
+        Slot::MemAlloc,
+        Slot::MemFree,
+        Slot::MemGetInfo,
+        Slot::MemGetAddressRange,
+        Slot::IpcGetMemHandle,
+        Slot::PointerGetAttribute,
+        Slot::PointerGetAttributes,
+        Slot::MemFreeAsync,
+        Slot::MemFreeAsyncPtsz,
+        Slot::BeginCapture,
+        Slot::BeginCapturePtsz,
+        Slot::BeginCaptureV2,
+        Slot::BeginCaptureV2Ptsz,
+        Slot::BeginCaptureToGraph,
+        Slot::BeginCaptureToGraphPtsz,
+        Slot::EndCapture,
+        Slot::EndCapturePtsz,
+        Slot::GetProcAddress,
+        Slot::GetProcAddressV2,
+        Slot::CtxGetCurrent,
+    ];
+}
+
+/// Which `cuGetProcAddress` flags a variant answers.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum StreamFlavour {
+    /// The function takes no stream: any flags.
+    Any,
+    /// Legacy default stream: flags without `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+    Legacy,
+    /// Per-thread default stream (`_ptsz`): flags with it.
+    PerThread,
+}
+
+/// The `cuGetProcAddress(symbol, pfn, cudaVersion, flags)` queries a hook answers.
+#[derive(Copy, Clone, Debug)]
+pub struct ProcQuery {
+    /// Base name, as the runtime asks for it (`cuMemAlloc`, not `cuMemAlloc_v2`), NUL-terminated.
+    pub base: &'static [u8],
+    /// First `cudaVersion` whose signature is this variant's.
+    pub since: i32,
+    /// First `cudaVersion` that gets a newer variant (`i32::MAX`: none).
+    pub until: i32,
+    pub flavour: StreamFlavour,
+}
+
+/// One hooked entry point.
+pub struct Hook {
+    pub slot: Slot,
+    pub query: ProcQuery,
+    /// Address of our replacement (same signature as the real variant).
+    pub replacement: fn() -> *mut c_void,
+}
+
+const fn q(base: &'static [u8], since: i32, until: i32, flavour: StreamFlavour) -> ProcQuery {
+    ProcQuery {
+        base,
+        since,
+        until,
+        flavour,
+    }
+}
+
+macro_rules! addr {
+    ($f:path) => {{
+        fn address() -> *mut c_void {
+            $f as *mut c_void
+        }
+        address
+    }};
+}
+
+use crate::capture as cap;
+use crate::memory as mem;
+use crate::proc_address as gpa;
+use StreamFlavour::{Any, Legacy, PerThread};
+
+const NEWEST: i32 = i32::MAX;
+
+/// Every hook. Versions: `cudaTypedefs.h` (`PFN_cuMemAlloc_v3020`, `PFN_cuStreamBeginCapture_v10010`,
+/// `PFN_cuGetProcAddress_v12000`, ...).
+pub static HOOKS: [Hook; 19] = [
+    Hook {
+        slot: Slot::MemAlloc,
+        query: q(b"cuMemAlloc\0", 3020, NEWEST, Any),
+        replacement: addr!(mem::cuMemAlloc_v2),
+    },
+    Hook {
+        slot: Slot::MemFree,
+        query: q(b"cuMemFree\0", 3020, NEWEST, Any),
+        replacement: addr!(mem::cuMemFree_v2),
+    },
+    Hook {
+        slot: Slot::MemGetInfo,
+        query: q(b"cuMemGetInfo\0", 3020, NEWEST, Any),
+        replacement: addr!(mem::cuMemGetInfo_v2),
+    },
+    Hook {
+        slot: Slot::MemGetAddressRange,
+        query: q(b"cuMemGetAddressRange\0", 3020, NEWEST, Any),
+        replacement: addr!(mem::cuMemGetAddressRange_v2),
+    },
+    Hook {
+        slot: Slot::IpcGetMemHandle,
+        query: q(b"cuIpcGetMemHandle\0", 4010, NEWEST, Any),
+        replacement: addr!(mem::cuIpcGetMemHandle),
+    },
+    Hook {
+        slot: Slot::PointerGetAttribute,
+        query: q(b"cuPointerGetAttribute\0", 4000, NEWEST, Any),
+        replacement: addr!(mem::cuPointerGetAttribute),
+    },
+    Hook {
+        slot: Slot::PointerGetAttributes,
+        query: q(b"cuPointerGetAttributes\0", 7000, NEWEST, Any),
+        replacement: addr!(mem::cuPointerGetAttributes),
+    },
+    Hook {
+        slot: Slot::MemFreeAsync,
+        query: q(b"cuMemFreeAsync\0", 11020, NEWEST, Legacy),
+        replacement: addr!(mem::cuMemFreeAsync),
+    },
+    Hook {
+        slot: Slot::MemFreeAsyncPtsz,
+        query: q(b"cuMemFreeAsync\0", 11020, NEWEST, PerThread),
+        replacement: addr!(mem::cuMemFreeAsync_ptsz),
+    },
+    Hook {
+        slot: Slot::BeginCapture,
+        query: q(b"cuStreamBeginCapture\0", 10000, 10010, Legacy),
+        replacement: addr!(cap::cuStreamBeginCapture),
+    },
+    Hook {
+        slot: Slot::BeginCapturePtsz,
+        query: q(b"cuStreamBeginCapture\0", 10000, 10010, PerThread),
+        replacement: addr!(cap::cuStreamBeginCapture_ptsz),
+    },
+    Hook {
+        slot: Slot::BeginCaptureV2,
+        query: q(b"cuStreamBeginCapture\0", 10010, NEWEST, Legacy),
+        replacement: addr!(cap::cuStreamBeginCapture_v2),
+    },
+    Hook {
+        slot: Slot::BeginCaptureV2Ptsz,
+        query: q(b"cuStreamBeginCapture\0", 10010, NEWEST, PerThread),
+        replacement: addr!(cap::cuStreamBeginCapture_v2_ptsz),
+    },
+    Hook {
+        slot: Slot::BeginCaptureToGraph,
+        query: q(b"cuStreamBeginCaptureToGraph\0", 12030, NEWEST, Legacy),
+        replacement: addr!(cap::cuStreamBeginCaptureToGraph),
+    },
+    Hook {
+        slot: Slot::BeginCaptureToGraphPtsz,
+        query: q(b"cuStreamBeginCaptureToGraph\0", 12030, NEWEST, PerThread),
+        replacement: addr!(cap::cuStreamBeginCaptureToGraph_ptsz),
+    },
+    Hook {
+        slot: Slot::EndCapture,
+        query: q(b"cuStreamEndCapture\0", 10000, NEWEST, Legacy),
+        replacement: addr!(cap::cuStreamEndCapture),
+    },
+    Hook {
+        slot: Slot::EndCapturePtsz,
+        query: q(b"cuStreamEndCapture\0", 10000, NEWEST, PerThread),
+        replacement: addr!(cap::cuStreamEndCapture_ptsz),
+    },
+    Hook {
+        slot: Slot::GetProcAddress,
+        query: q(b"cuGetProcAddress\0", 11030, 12000, Any),
+        replacement: addr!(gpa::cuGetProcAddress),
+    },
+    Hook {
+        slot: Slot::GetProcAddressV2,
+        query: q(b"cuGetProcAddress\0", 12000, NEWEST, Any),
+        replacement: addr!(gpa::cuGetProcAddress_v2),
+    },
+];
+
+/// Compares a NUL-terminated C string with a NUL-terminated byte literal without reading
+/// past either terminator. No allocation, no `strlen`.
+///
+/// # Safety
+/// `s` must be a valid NUL-terminated string.
+#[inline]
+pub unsafe fn c_str_eq(s: *const c_char, lit: &[u8]) -> bool {
+    for (i, &want) in lit.iter().enumerate() {
+        // SAFETY: every byte read is at or before `s`'s terminator: we stop at the first
+        // mismatch, and a match on NUL ends the loop (the literal's last byte is NUL).
+        let got = unsafe { *s.add(i) } as u8;
+        if got != want {
+            return false;
+        }
+        if want == 0 {
+            return true;
+        }
+    }
+    false
+}
+
+/// The hook whose exported name is exactly `name`. Cheap rejection first: every name we
+/// answer starts with "cu" followed by an upper-case letter.
+///
+/// # Safety
+/// `name` must be NULL or a valid NUL-terminated string.
+#[inline]
+pub unsafe fn hook_by_exported_name(name: *const c_char) -> Option<&'static Hook> {
+    if name.is_null() {
+        return None;
+    }
+    // SAFETY: `name` is NUL-terminated; each read stops at the first byte that is not the
+    // expected one, so a NUL ends the check before reading further.
+    unsafe {
+        if *name as u8 != b'c'
+            || *name.add(1) as u8 != b'u'
+            || !(*name.add(2) as u8).is_ascii_uppercase()
+        {
+            return None;
+        }
+    }
+    HOOKS
+        .iter()
+        // SAFETY: as above.
+        .find(|h| unsafe { c_str_eq(name, h.slot.exported_name()) })
+}
+
+/// The hook that answers `cuGetProcAddress(symbol, _, cuda_version, flags)`, if any.
+///
+/// # Safety
+/// `symbol` must be NULL or a valid NUL-terminated string.
+pub unsafe fn hook_for_query(
+    symbol: *const c_char,
+    cuda_version: i32,
+    flags: u64,
+) -> Option<&'static Hook> {
+    if symbol.is_null() {
+        return None;
+    }
+    let per_thread = flags & crate::cuda::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
+    HOOKS.iter().find(|h| {
+        let q = &h.query;
+        let flavour_ok = match q.flavour {
+            StreamFlavour::Any => true,
+            StreamFlavour::Legacy => !per_thread,
+            StreamFlavour::PerThread => per_thread,
+        };
+        flavour_ok
+            && q.since <= cuda_version
+            && cuda_version < q.until
+            // SAFETY: `symbol` is NUL-terminated; the base literal ends with NUL.
+            && unsafe { c_str_eq(symbol, q.base) }
+    })
+}

@@ -1,0 +1,531 @@
+/*
+ * A CUDA driver client for the preload tests, run against the fake libcuda (TEST DOUBLE).
+ * It reaches the driver the way real programs do, chosen at build time:
+ *   -DREACH_GPA     like a static CUDA runtime: dlopen("libcuda.so.1"),
+ *                   dlsym(handle, "cuGetProcAddress_v2"), then one query per entry point;
+ *   -DREACH_DLSYM   like XLA/TensorFlow stubs: dlsym(handle, "cuMemAlloc_v2") ...;
+ *   -DREACH_LINKED  like a program linked with -lcuda: direct calls.
+ * argv[1] names a scenario; results are printed as "key=value" lines, which the Rust test
+ * compares between runs with and without the preload library, and checks against the
+ * fake's counters and cupool's statistics.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cupool.h"
+#include "fake_cuda.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUhandle;
+
+#define CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
+#define CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
+#define CU_POINTER_ATTRIBUTE_RANGE_SIZE 12
+#define MIB ((size_t)1 << 20)
+
+typedef CUresult (*gpa_v2_fn)(const char *, void **, int, unsigned long long, int *);
+typedef CUresult (*gpa_v1_fn)(const char *, void **, int, unsigned long long);
+
+struct driver {
+    CUresult (*cuInit)(unsigned);
+    CUresult (*cuDriverGetVersion)(int *);
+    CUresult (*cuDeviceGet)(int *, int);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUhandle *, int);
+    CUresult (*cuCtxSetCurrent)(CUhandle);
+    CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);
+    CUresult (*cuMemFree_v2)(CUdeviceptr);
+    CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
+    CUresult (*cuMemGetAddressRange_v2)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned);
+    CUresult (*cuIpcGetMemHandle)(void *, CUdeviceptr);
+    CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
+    CUresult (*cuStreamCreate)(CUhandle *, unsigned);
+    CUresult (*cuStreamBeginCapture_v2)(CUhandle, int);
+    CUresult (*cuStreamEndCapture)(CUhandle, CUhandle *);
+};
+
+static struct driver drv;
+static void *libcuda;
+
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        CUresult rc_ = (call);                                                             \
+        if (rc_ != 0) {                                                                    \
+            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #call, rc_);          \
+            exit(3);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static void *need(void *p, const char *what)
+{
+    if (!p) {
+        fprintf(stderr, "cannot resolve %s: %s\n", what, dlerror());
+        exit(3);
+    }
+    return p;
+}
+
+#if defined(REACH_LINKED)
+CUresult cuInit(unsigned);
+CUresult cuDriverGetVersion(int *);
+CUresult cuDeviceGet(int *, int);
+CUresult cuDevicePrimaryCtxRetain(CUhandle *, int);
+CUresult cuCtxSetCurrent(CUhandle);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
+CUresult cuIpcGetMemHandle(void *, CUdeviceptr);
+CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
+CUresult cuStreamCreate(CUhandle *, unsigned);
+CUresult cuStreamBeginCapture_v2(CUhandle, int);
+CUresult cuStreamEndCapture(CUhandle, CUhandle *);
+
+static void load_driver(void)
+{
+    libcuda = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "libcuda.so.1");
+    drv.cuInit = cuInit;
+    drv.cuDriverGetVersion = cuDriverGetVersion;
+    drv.cuDeviceGet = cuDeviceGet;
+    drv.cuDevicePrimaryCtxRetain = cuDevicePrimaryCtxRetain;
+    drv.cuCtxSetCurrent = cuCtxSetCurrent;
+    drv.cuMemAlloc_v2 = cuMemAlloc_v2;
+    drv.cuMemFree_v2 = cuMemFree_v2;
+    drv.cuMemGetInfo_v2 = cuMemGetInfo_v2;
+    drv.cuMemGetAddressRange_v2 = cuMemGetAddressRange_v2;
+    drv.cuMemAllocManaged = cuMemAllocManaged;
+    drv.cuIpcGetMemHandle = cuIpcGetMemHandle;
+    drv.cuPointerGetAttribute = cuPointerGetAttribute;
+    drv.cuStreamCreate = cuStreamCreate;
+    drv.cuStreamBeginCapture_v2 = cuStreamBeginCapture_v2;
+    drv.cuStreamEndCapture = cuStreamEndCapture;
+}
+#elif defined(REACH_DLSYM)
+#define LOAD(name) *(void **)&drv.name = need(dlsym(libcuda, #name), #name)
+static void load_driver(void)
+{
+    libcuda = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "libcuda.so.1");
+    LOAD(cuInit);
+    LOAD(cuDriverGetVersion);
+    LOAD(cuDeviceGet);
+    LOAD(cuDevicePrimaryCtxRetain);
+    LOAD(cuCtxSetCurrent);
+    LOAD(cuMemAlloc_v2);
+    LOAD(cuMemFree_v2);
+    LOAD(cuMemGetInfo_v2);
+    LOAD(cuMemGetAddressRange_v2);
+    LOAD(cuMemAllocManaged);
+    LOAD(cuIpcGetMemHandle);
+    LOAD(cuPointerGetAttribute);
+    LOAD(cuStreamCreate);
+    LOAD(cuStreamBeginCapture_v2);
+    LOAD(cuStreamEndCapture);
+}
+#elif defined(REACH_GPA)
+static gpa_v2_fn gpa;
+
+static void *query(const char *base, int version, unsigned long long flags)
+{
+    void *fn = NULL;
+    int status = -1;
+    CUresult rc = gpa(base, &fn, version, flags, &status);
+    if (rc != 0 || !fn || status != 0) {
+        fprintf(stderr, "cuGetProcAddress_v2(%s, %d, %llu) -> %d status %d\n", base, version,
+                flags, rc, status);
+        exit(3);
+    }
+    return fn;
+}
+
+#define QUERY(field, base, version) *(void **)&drv.field = query(base, version, 0)
+static void load_driver(void)
+{
+    libcuda = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "libcuda.so.1");
+    gpa = (gpa_v2_fn)need(dlsym(libcuda, "cuGetProcAddress_v2"), "cuGetProcAddress_v2");
+    QUERY(cuInit, "cuInit", 2000);
+    QUERY(cuDriverGetVersion, "cuDriverGetVersion", 2020);
+    QUERY(cuDeviceGet, "cuDeviceGet", 2000);
+    QUERY(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000);
+    QUERY(cuCtxSetCurrent, "cuCtxSetCurrent", 4000);
+    QUERY(cuMemAlloc_v2, "cuMemAlloc", 3020);
+    QUERY(cuMemFree_v2, "cuMemFree", 3020);
+    QUERY(cuMemGetInfo_v2, "cuMemGetInfo", 3020);
+    QUERY(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 3020);
+    QUERY(cuMemAllocManaged, "cuMemAllocManaged", 6000);
+    QUERY(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010);
+    QUERY(cuPointerGetAttribute, "cuPointerGetAttribute", 4000);
+    QUERY(cuStreamCreate, "cuStreamCreate", 2000);
+    QUERY(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010);
+    QUERY(cuStreamEndCapture, "cuStreamEndCapture", 10000);
+}
+
+/* Which library and exported symbol a function pointer belongs to. */
+static void print_owner(const char *label, void *fn)
+{
+    Dl_info info;
+    if (!fn) {
+        printf("%s=NULL\n", label);
+        return;
+    }
+    if (!dladdr(fn, &info) || !info.dli_fname) {
+        printf("%s=?\n", label);
+        return;
+    }
+    const char *file = strrchr(info.dli_fname, '/');
+    printf("%s=%s:%s\n", label, file ? file + 1 : info.dli_fname,
+           info.dli_sname ? info.dli_sname : "?");
+}
+
+/* Prints who answers each (name, version, flags) query, and the status. */
+static void scenario_queries(void)
+{
+    static const struct {
+        const char *base;
+        int version;
+        unsigned long long flags;
+    } queries[] = {
+        {"cuMemAlloc", 2000, 0},        {"cuMemAlloc", 3020, 0},
+        {"cuMemAlloc", 13000, 0},       {"cuMemFree", 2000, 0},
+        {"cuMemFree", 3020, 0},         {"cuMemGetInfo", 3020, 0},
+        {"cuMemGetAddressRange", 3020, 0}, {"cuIpcGetMemHandle", 4010, 0},
+        {"cuPointerGetAttribute", 4000, 0}, {"cuMemAllocAsync", 11020, 0},
+        {"cuMemAllocAsync", 11020, 2},  {"cuMemFreeAsync", 11020, 0},
+        {"cuMemFreeAsync", 11020, 2},   {"cuStreamBeginCapture", 10000, 0},
+        {"cuStreamBeginCapture", 10010, 0}, {"cuStreamBeginCapture", 10010, 2},
+        {"cuStreamEndCapture", 10000, 0}, {"cuGetProcAddress", 11030, 0},
+        {"cuGetProcAddress", 12000, 0}, {"cuInit", 2000, 0},
+        {"cuNoSuchFunction", 12000, 0}, {"cuMemAlloc", 1000, 0},
+    };
+    for (size_t i = 0; i < sizeof queries / sizeof queries[0]; i++) {
+        void *fn = (void *)0x1;
+        int status = -1;
+        CUresult rc = gpa(queries[i].base, &fn, queries[i].version, queries[i].flags, &status);
+        char label[128];
+        snprintf(label, sizeof label, "query.%s@%d/%llu", queries[i].base, queries[i].version,
+                 queries[i].flags);
+        printf("%s.rc=%d\n%s.status=%d\n", label, rc, label, status);
+        print_owner(label, fn);
+    }
+    /* A query above the driver's version fails and leaves the driver's answer. */
+    void *fn = NULL;
+    printf("query.too_new.rc=%d\n", gpa("cuMemAlloc", &fn, 99000, 0, NULL));
+
+    /* The 4-argument form, as the runtime fetches it, answers like the driver too. */
+    void *v1 = NULL;
+    CHECK(gpa("cuGetProcAddress", &v1, 11030, 0, NULL));
+    gpa_v1_fn gpa4 = (gpa_v1_fn)v1;
+    void *alloc = NULL;
+    printf("query4.cuMemAlloc@3020.rc=%d\n", gpa4("cuMemAlloc", &alloc, 3020, 0));
+    print_owner("query4.cuMemAlloc@3020", alloc);
+    /* ... and so does the 5-argument form fetched through itself. */
+    void *v2 = NULL;
+    CHECK(gpa("cuGetProcAddress", &v2, 12000, 0, NULL));
+    alloc = NULL;
+    printf("query5.cuMemAlloc@3020.rc=%d\n", ((gpa_v2_fn)v2)("cuMemAlloc", &alloc, 3020, 0, NULL));
+    print_owner("query5.cuMemAlloc@3020", alloc);
+
+    /* dlsym: hooked names from libcuda's handle, others untouched. */
+    print_owner("dlsym.libcuda.cuMemAlloc_v2", dlsym(libcuda, "cuMemAlloc_v2"));
+    print_owner("dlsym.libcuda.cuMemAlloc", dlsym(libcuda, "cuMemAlloc"));
+    print_owner("dlsym.libcuda.cuGetProcAddress_v2", dlsym(libcuda, "cuGetProcAddress_v2"));
+    print_owner("dlsym.libcuda.cuInit", dlsym(libcuda, "cuInit"));
+    print_owner("dlsym.libcuda.cuMemAlloc_v2x", dlsym(libcuda, "cuMemAlloc_v2x"));
+}
+#else
+#error "define REACH_GPA, REACH_DLSYM or REACH_LINKED"
+#endif
+
+static void (*fake_counters)(struct fake_cuda_counters *);
+static void (*fake_set_total_bytes)(size_t);
+
+static void start(void)
+{
+    load_driver();
+    fake_counters = need(dlsym(libcuda, "fake_cuda_counters"), "fake_cuda_counters");
+    *(void **)&fake_set_total_bytes =
+        need(dlsym(libcuda, "fake_cuda_set_total_bytes"), "fake_cuda_set_total_bytes");
+    int dev = -1;
+    CUhandle ctx = NULL;
+    CHECK(drv.cuInit(0));
+    CHECK(drv.cuDeviceGet(&dev, 0));
+    CHECK(drv.cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(drv.cuCtxSetCurrent(ctx));
+}
+
+static uint64_t driver_allocs(void)
+{
+    struct fake_cuda_counters c;
+    fake_counters(&c);
+    return c.mem_alloc;
+}
+
+/* cupool's statistics when a cupool library is in the process (NULL function otherwise). */
+static int pool_stats(cupool_stats *out)
+{
+    cupool_status (*get)(int, cupool_stats *) =
+        (cupool_status(*)(int, cupool_stats *))dlsym(RTLD_DEFAULT, "cupool_get_stats");
+    if (!get)
+        return 0;
+    memset(out, 0, sizeof *out);
+    out->size = sizeof *out;
+    out->version = CUPOOL_STATS_VERSION;
+    return get(-1, out) == CUPOOL_OK;
+}
+
+static void print_pool_stats(void)
+{
+    cupool_stats s;
+    if (!pool_stats(&s)) {
+        printf("pool.available=0\n");
+        return;
+    }
+    printf("pool.available=1\npool.num_allocs=%llu\npool.num_frees=%llu\npool.cache_hits=%llu\n"
+           "pool.num_ooms=%llu\npool.device_allocs=%llu\n",
+           (unsigned long long)s.num_allocs, (unsigned long long)s.num_frees,
+           (unsigned long long)s.cache_hits, (unsigned long long)s.num_ooms,
+           (unsigned long long)s.device_allocs);
+}
+
+/* Many allocations and frees of a few sizes: a pool serves most from its cache. */
+static void scenario_loop(void)
+{
+    enum { ROUNDS = 200, LIVE = 8 };
+    static const size_t sizes[] = {256, 4096, 100000, MIB, 3 * MIB};
+    uint64_t before = driver_allocs();
+    unsigned program_allocs = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        CUdeviceptr live[LIVE];
+        for (int i = 0; i < LIVE; i++) {
+            CHECK(drv.cuMemAlloc_v2(&live[i], sizes[(round + i) % 5]));
+            program_allocs++;
+        }
+        for (int i = 0; i < LIVE; i++)
+            CHECK(drv.cuMemFree_v2(live[i]));
+    }
+    printf("program_allocs=%u\ndriver_allocs=%llu\n", program_allocs,
+           (unsigned long long)(driver_allocs() - before));
+    print_pool_stats();
+}
+
+/* Frees the driver rejects must be rejected the same way; foreign frees still work. */
+static void scenario_errors(void)
+{
+    CUdeviceptr p = 0, managed = 0;
+    CHECK(drv.cuMemAlloc_v2(&p, MIB));
+    printf("free_null=%d\n", drv.cuMemFree_v2(0));
+    printf("free_interior=%d\n", drv.cuMemFree_v2(p + 256));
+    printf("free_unknown=%d\n", drv.cuMemFree_v2((CUdeviceptr)0x10));
+    printf("alloc_null_out=%d\n", drv.cuMemAlloc_v2(NULL, 16));
+    CUdeviceptr zero = 0;
+    printf("alloc_zero=%d\n", drv.cuMemAlloc_v2(&zero, 0));
+    CHECK(drv.cuMemAllocManaged(&managed, MIB, 1));
+    printf("free_managed=%d\n", drv.cuMemFree_v2(managed));
+    printf("free_managed_twice=%d\n", drv.cuMemFree_v2(managed));
+    printf("free_block=%d\n", drv.cuMemFree_v2(p));
+    printf("free_block_twice=%d\n", drv.cuMemFree_v2(p));
+}
+
+/* Out of memory: the driver's code, counted by the pool, then recovery. */
+static void scenario_oom(void)
+{
+    size_t free_bytes = 0, total = 0;
+    CHECK(drv.cuMemGetInfo_v2(&free_bytes, &total));
+    CUdeviceptr small = 0, huge = 0;
+    CHECK(drv.cuMemAlloc_v2(&small, MIB));
+    CHECK(drv.cuMemFree_v2(small));
+    fake_set_total_bytes(64 * MIB);
+    printf("oom=%d\n", drv.cuMemAlloc_v2(&huge, 256 * MIB));
+    printf("oom_out_untouched=%d\n", huge == 0);
+    fake_set_total_bytes(total);
+    printf("after_oom=%d\n", drv.cuMemAlloc_v2(&huge, 256 * MIB));
+    CHECK(drv.cuMemFree_v2(huge));
+    print_pool_stats();
+}
+
+/* Allocations and frees inside a relaxed-mode capture must not invalidate it. On a
+ * non-blocking stream the capture is invisible from the legacy stream, so only the
+ * interposer's capture tracking keeps the pool from fencing. */
+#define CU_STREAM_NON_BLOCKING 1
+static void scenario_capture(unsigned stream_flags)
+{
+    enum { PAIRS = 300 };
+    CUhandle stream = NULL, graph = NULL;
+    CHECK(drv.cuStreamCreate(&stream, stream_flags));
+    /* Warm the cache so allocations during the capture can be hits. */
+    CUdeviceptr warm[4];
+    for (int i = 0; i < 4; i++)
+        CHECK(drv.cuMemAlloc_v2(&warm[i], MIB));
+    for (int i = 0; i < 4; i++)
+        CHECK(drv.cuMemFree_v2(warm[i]));
+    CHECK(drv.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+    int failures = 0;
+    for (int i = 0; i < PAIRS; i++) {
+        CUdeviceptr p = 0;
+        if (drv.cuMemAlloc_v2(&p, MIB) != 0 || drv.cuMemFree_v2(p) != 0)
+            failures++;
+    }
+    /* A size never seen before: a pool miss during capture goes to the driver. */
+    CUdeviceptr odd = 0;
+    printf("capture_miss_alloc=%d\n", drv.cuMemAlloc_v2(&odd, 7 * MIB + 12345));
+    printf("capture_miss_free=%d\n", drv.cuMemFree_v2(odd));
+    printf("capture_failures=%d\n", failures);
+    printf("end_capture=%d\n", drv.cuStreamEndCapture(stream, &graph));
+    struct fake_cuda_counters c;
+    fake_counters(&c);
+    printf("fence_refusals=%llu\n", (unsigned long long)c.ctx_record_event_errors);
+    /* After the capture, frees are fenced again and everything still works. */
+    CUdeviceptr p = 0;
+    CHECK(drv.cuMemAlloc_v2(&p, MIB));
+    CHECK(drv.cuMemFree_v2(p));
+    printf("after_capture=ok\n");
+}
+
+/* Queries whose answer sub-allocation could change. */
+static void scenario_queries_on_blocks(void)
+{
+    CUdeviceptr a = 0, b = 0, base = 0;
+    size_t size = 0;
+    CHECK(drv.cuMemAlloc_v2(&a, 1000));
+    CHECK(drv.cuMemAlloc_v2(&b, 1000));
+    CHECK(drv.cuMemGetAddressRange_v2(&base, &size, a + 10));
+    printf("range_a.base_is_a=%d\nrange_a.size=%zu\n", base == a, size);
+    CHECK(drv.cuMemGetAddressRange_v2(&base, &size, b));
+    printf("range_b.base_is_b=%d\nrange_b.size=%zu\n", base == b, size);
+    printf("range_null_outs=%d\n", drv.cuMemGetAddressRange_v2(NULL, NULL, a));
+    printf("range_unknown=%d\n", drv.cuMemGetAddressRange_v2(&base, &size, (CUdeviceptr)0x10));
+    CUdeviceptr start = 0;
+    size_t attr_size = 0;
+    CHECK(drv.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, b + 1));
+    CHECK(drv.cuPointerGetAttribute(&attr_size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, b + 1));
+    printf("attr_b.start_is_b=%d\nattr_b.size=%zu\n", start == b, attr_size);
+    /* IPC: a block sharing its driver allocation with others cannot be exported honestly;
+     * a block that is a whole allocation can. */
+    char handle[64];
+    printf("ipc_small=%d\n", drv.cuIpcGetMemHandle(handle, a));
+    CUdeviceptr whole = 0;
+    CHECK(drv.cuMemAlloc_v2(&whole, 64 * MIB));
+    printf("ipc_whole=%d\n", drv.cuIpcGetMemHandle(handle, whole));
+    CHECK(drv.cuMemFree_v2(whole));
+    size_t free_bytes = 0, total = 0;
+    printf("info_null_free=%d\n", drv.cuMemGetInfo_v2(NULL, &total));
+    CHECK(drv.cuMemGetInfo_v2(&free_bytes, &total));
+    printf("info_free_le_total=%d\n", free_bytes <= total);
+    /* Memory the program freed counts as free again, even if a pool keeps it cached. */
+    size_t free_before = 0, free_after = 0;
+    CUdeviceptr big = 0;
+    CHECK(drv.cuMemGetInfo_v2(&free_before, &total));
+    CHECK(drv.cuMemAlloc_v2(&big, 96 * MIB));
+    CHECK(drv.cuMemFree_v2(big));
+    CHECK(drv.cuMemGetInfo_v2(&free_after, &total));
+    printf("info_free_recovered=%d\n", free_after >= free_before);
+    CHECK(drv.cuMemFree_v2(a));
+    CHECK(drv.cuMemFree_v2(b));
+}
+
+/* The child of an initialised parent never touches the parent's pool. */
+static void scenario_fork(void)
+{
+    CUdeviceptr p = 0;
+    CHECK(drv.cuMemAlloc_v2(&p, MIB));
+    CHECK(drv.cuMemFree_v2(p));
+    CHECK(drv.cuMemAlloc_v2(&p, MIB));
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        enum { N = 20 };
+        uint64_t before = driver_allocs();
+        for (int i = 0; i < N; i++) {
+            CUdeviceptr q = 0;
+            if (drv.cuMemAlloc_v2(&q, MIB) != 0 || drv.cuMemFree_v2(q) != 0)
+                _exit(10);
+        }
+        cupool_stats s;
+        printf("child.driver_allocs=%llu\nchild.program_allocs=%d\nchild.pool_stats_ok=%d\n",
+               (unsigned long long)(driver_allocs() - before), N, pool_stats(&s));
+        fflush(stdout);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    printf("child.exit=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    printf("parent.free=%d\n", drv.cuMemFree_v2(p));
+}
+
+/* Exit without freeing, and frees that run during exit. */
+static CUdeviceptr exit_blocks[4];
+static void free_during_exit(void)
+{
+    for (int i = 0; i < 2; i++)
+        printf("atexit_free=%d\n", drv.cuMemFree_v2(exit_blocks[i]));
+    fflush(stdout);
+}
+__attribute__((destructor)) static void free_after_main(void)
+{
+    if (!drv.cuMemFree_v2 || !exit_blocks[2])
+        return;
+    for (int i = 2; i < 4; i++)
+        printf("destructor_free=%d\n", drv.cuMemFree_v2(exit_blocks[i]));
+    fflush(stdout);
+}
+
+static void scenario_exit(int free_late)
+{
+    if (free_late)
+        atexit(free_during_exit); /* registered before any allocation: runs late */
+    for (int i = 0; i < 4; i++)
+        CHECK(drv.cuMemAlloc_v2(&exit_blocks[i], MIB));
+    if (!free_late)
+        memset(exit_blocks, 0, sizeof exit_blocks);
+    /* Marker in the driver log: everything after it happens during exit. */
+    int version = 0;
+    CHECK(drv.cuDriverGetVersion(&version));
+    printf("exiting=1\n");
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
+        return 2;
+    }
+    const char *s = argv[1];
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    start();
+    if (!strcmp(s, "loop"))
+        scenario_loop();
+    else if (!strcmp(s, "errors"))
+        scenario_errors();
+    else if (!strcmp(s, "oom"))
+        scenario_oom();
+    else if (!strcmp(s, "capture"))
+        scenario_capture(0);
+    else if (!strcmp(s, "capture-nonblocking"))
+        scenario_capture(CU_STREAM_NON_BLOCKING);
+    else if (!strcmp(s, "block-queries"))
+        scenario_queries_on_blocks();
+    else if (!strcmp(s, "fork"))
+        scenario_fork();
+    else if (!strcmp(s, "exit-nofree"))
+        scenario_exit(0);
+    else if (!strcmp(s, "exit-free-late"))
+        scenario_exit(1);
+#if defined(REACH_GPA)
+    else if (!strcmp(s, "queries"))
+        scenario_queries();
+#endif
+    else {
+        fprintf(stderr, "unknown scenario %s\n", s);
+        return 2;
+    }
+    return 0;
+}

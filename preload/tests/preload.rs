@@ -1,0 +1,408 @@
+//! End-to-end tests of `libcupool_preload.so` on the CPU: C programs that reach the fake
+//! libcuda (a TEST DOUBLE of the driver, tests/fake_cuda/) the three ways real programs
+//! reach the real one, run with and without the preload library.
+
+mod support;
+
+use std::process::Command;
+use support::{run, run_ok, Reach};
+
+const ALL_REACHES: [Reach; 3] = [Reach::GetProcAddress, Reach::Dlsym, Reach::Linked];
+
+/// The driver entry points the library replaces (docs/preload.md lists them).
+const HOOKED: &[&str] = &[
+    "cuGetProcAddress",
+    "cuGetProcAddress_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemGetInfo_v2",
+    "cuMemGetAddressRange_v2",
+    "cuIpcGetMemHandle",
+    "cuPointerGetAttribute",
+    "cuPointerGetAttributes",
+    "cuMemFreeAsync",
+    "cuMemFreeAsync_ptsz",
+    "cuStreamBeginCapture",
+    "cuStreamBeginCapture_ptsz",
+    "cuStreamBeginCapture_v2",
+    "cuStreamBeginCapture_v2_ptsz",
+    "cuStreamBeginCaptureToGraph",
+    "cuStreamBeginCaptureToGraph_ptsz",
+    "cuStreamEndCapture",
+    "cuStreamEndCapture_ptsz",
+];
+
+fn tool_output(tool: &str, args: &[&str]) -> String {
+    let out = Command::new(tool)
+        .args(args)
+        .arg(support::preload_library())
+        .output()
+        .unwrap_or_else(|e| panic!("run {tool}: {e}"));
+    assert!(
+        out.status.success(),
+        "{tool} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn exports_are_the_hooks_the_cupool_api_and_dlsym_only() {
+    let text = tool_output("nm", &["-D", "--defined-only"]);
+    let exported: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    for name in &exported {
+        let base = name.split('@').next().unwrap_or(name);
+        assert!(
+            HOOKED.contains(&base) || base.starts_with("cupool_") || base == "dlsym",
+            "unexpected export {name}"
+        );
+    }
+    for name in HOOKED
+        .iter()
+        .chain(&["dlsym", "cupool_process_api_v1", "cupool_get_stats"])
+    {
+        assert!(exported.contains(name), "{name} is not exported");
+    }
+}
+
+#[test]
+fn no_load_time_dependency_on_any_cuda_library() {
+    let text = tool_output("readelf", &["-d"]);
+    let needed: Vec<&str> = text.lines().filter(|l| l.contains("(NEEDED)")).collect();
+    assert!(
+        !needed.is_empty(),
+        "readelf printed no NEEDED entries:\n{text}"
+    );
+    for line in needed {
+        let lower = line.to_ascii_lowercase();
+        assert!(
+            !["libcuda", "libcudart", "libnv", "libcublas", "libcudnn"]
+                .iter()
+                .any(|n| lower.contains(n)),
+            "CUDA library among DT_NEEDED: {line}"
+        );
+    }
+}
+
+#[test]
+fn processes_that_never_touch_cuda_run_untouched() {
+    let log = support::scratch().join("inert.log");
+    let _ = std::fs::remove_file(&log);
+    let log_env = [("FAKE_CUDA_LOG", log.to_str().unwrap())];
+    for (program, args) in [("/bin/true", vec![]), ("sh", vec!["-c", "echo hi; exit 0"])] {
+        let plain = run(program.as_ref(), &args, false, &log_env);
+        let preloaded = run(program.as_ref(), &args, true, &log_env);
+        assert!(
+            preloaded.status.success(),
+            "{program} failed under the preload"
+        );
+        assert_eq!(plain.stdout, preloaded.stdout, "{program}: stdout differs");
+        assert_eq!(plain.stderr, preloaded.stderr, "{program}: stderr differs");
+    }
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        logged.is_empty(),
+        "a non-CUDA process reached the driver:\n{logged}"
+    );
+}
+
+#[test]
+fn get_proc_address_is_answered_per_name_version_and_flags() {
+    let exe = support::driver_program(Reach::GetProcAddress);
+    let plain = run_ok(&exe, &["queries"], false, &[]);
+    let pre = run_ok(&exe, &["queries"], true, &[]);
+    let ours = "libcupool_preload.so:";
+    let fake = "libcuda.so.1:";
+    // Hooked variants: our function of exactly that variant.
+    for (query, variant) in [
+        ("query.cuMemAlloc@3020/0", "cuMemAlloc_v2"),
+        ("query.cuMemAlloc@13000/0", "cuMemAlloc_v2"),
+        ("query.cuMemFree@3020/0", "cuMemFree_v2"),
+        ("query.cuMemGetInfo@3020/0", "cuMemGetInfo_v2"),
+        (
+            "query.cuMemGetAddressRange@3020/0",
+            "cuMemGetAddressRange_v2",
+        ),
+        ("query.cuIpcGetMemHandle@4010/0", "cuIpcGetMemHandle"),
+        (
+            "query.cuPointerGetAttribute@4000/0",
+            "cuPointerGetAttribute",
+        ),
+        ("query.cuMemFreeAsync@11020/0", "cuMemFreeAsync"),
+        ("query.cuMemFreeAsync@11020/2", "cuMemFreeAsync_ptsz"),
+        ("query.cuStreamBeginCapture@10000/0", "cuStreamBeginCapture"),
+        (
+            "query.cuStreamBeginCapture@10010/0",
+            "cuStreamBeginCapture_v2",
+        ),
+        ("query.cuStreamEndCapture@10000/0", "cuStreamEndCapture"),
+        ("query.cuGetProcAddress@11030/0", "cuGetProcAddress"),
+        ("query.cuGetProcAddress@12000/0", "cuGetProcAddress_v2"),
+        ("query4.cuMemAlloc@3020", "cuMemAlloc_v2"),
+        ("query5.cuMemAlloc@3020", "cuMemAlloc_v2"),
+        ("dlsym.libcuda.cuMemAlloc_v2", "cuMemAlloc_v2"),
+        ("dlsym.libcuda.cuGetProcAddress_v2", "cuGetProcAddress_v2"),
+    ] {
+        assert_eq!(
+            pre.get(query),
+            format!("{ours}{variant}"),
+            "{query} under the preload"
+        );
+        assert!(
+            plain.get(query).starts_with(fake),
+            "{query} without the preload: {}",
+            plain.get(query)
+        );
+    }
+    // Everything else: the driver's own answer, identical with and without the preload.
+    // v1 cuMemAlloc/cuMemFree (32-bit ABI), the stream-ordered allocators in both flavours,
+    // a per-thread query whose _ptsz variant the fake driver does not have, cuInit,
+    // unknown names, versions below the first one, versions above the driver's.
+    for query in [
+        "query.cuMemAlloc@2000/0",
+        "query.cuMemFree@2000/0",
+        "query.cuMemAllocAsync@11020/0",
+        "query.cuMemAllocAsync@11020/2",
+        "query.cuStreamBeginCapture@10010/2",
+        "query.cuInit@2000/0",
+        "query.cuNoSuchFunction@12000/0",
+        "query.cuMemAlloc@1000/0",
+        "dlsym.libcuda.cuMemAlloc",
+        "dlsym.libcuda.cuInit",
+        "dlsym.libcuda.cuMemAlloc_v2x",
+    ] {
+        assert_eq!(pre.get(query), plain.get(query), "{query}");
+    }
+    assert_eq!(
+        pre.get("query.cuMemAllocAsync@11020/2"),
+        format!("{fake}cuMemAllocAsync_ptsz")
+    );
+    assert_eq!(pre.get("query.cuNoSuchFunction@12000/0"), "NULL");
+    assert_eq!(pre.get("dlsym.libcuda.cuMemAlloc_v2x"), "NULL");
+    // Return codes and symbolStatus are the driver's, for every query.
+    let codes = |r: &support::Results| {
+        r.0.iter()
+            .filter(|(k, _)| k.ends_with(".rc") || k.ends_with(".status"))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(codes(&pre), codes(&plain));
+    assert_eq!(pre.get("query.cuNoSuchFunction@12000/0.status"), "1");
+    assert_eq!(pre.get("query.cuMemAlloc@1000/0.status"), "2");
+    assert_ne!(pre.get("query.too_new.rc"), "0");
+}
+
+/// Allocations a program makes many times reach the driver far fewer times under the
+/// preload, whichever way the program reaches the driver; without it, every one does.
+#[test]
+fn allocations_go_through_the_pool_for_every_way_of_reaching_the_driver() {
+    for reach in ALL_REACHES {
+        let exe = support::driver_program(reach);
+        let plain = run_ok(&exe, &["loop"], false, &[]);
+        assert_eq!(
+            plain.num("driver_allocs"),
+            plain.num("program_allocs"),
+            "{reach:?} without preload"
+        );
+        assert_eq!(plain.get("pool.available"), "0");
+
+        let pre = run_ok(&exe, &["loop"], true, &[]);
+        let program = pre.num("program_allocs");
+        assert!(
+            pre.num("driver_allocs") * 10 < program,
+            "{reach:?}: {} driver allocations for {program} program allocations",
+            pre.num("driver_allocs")
+        );
+        assert_eq!(pre.get("pool.available"), "1", "{reach:?}");
+        assert!(pre.num("pool.num_allocs") >= program, "{reach:?}");
+        assert!(
+            pre.num("pool.cache_hits") * 2 > program,
+            "{reach:?}: too few hits"
+        );
+        assert_eq!(
+            pre.num("pool.device_allocs"),
+            pre.num("driver_allocs"),
+            "{reach:?}"
+        );
+    }
+}
+
+/// NULL, interior, unknown, double and managed frees, NULL out-pointers and size 0 get
+/// exactly the driver's answers.
+#[test]
+fn frees_the_pool_does_not_own_get_the_drivers_own_answers() {
+    for reach in ALL_REACHES {
+        let exe = support::driver_program(reach);
+        let plain = run_ok(&exe, &["errors"], false, &[]);
+        let pre = run_ok(&exe, &["errors"], true, &[]);
+        assert_eq!(pre, plain, "{reach:?}");
+        assert_eq!(pre.get("free_interior"), "1");
+        assert_eq!(pre.get("free_block"), "0");
+        assert_eq!(pre.get("free_block_twice"), "1");
+        assert_eq!(pre.get("free_managed"), "0");
+    }
+}
+
+#[test]
+fn out_of_memory_returns_the_driver_code_and_recovers() {
+    for reach in [Reach::GetProcAddress, Reach::Linked] {
+        let exe = support::driver_program(reach);
+        let plain = run_ok(&exe, &["oom"], false, &[]);
+        let pre = run_ok(&exe, &["oom"], true, &[]);
+        for r in [&plain, &pre] {
+            assert_eq!(r.get("oom"), "2", "{reach:?}");
+            assert_eq!(r.get("oom_out_untouched"), "1", "{reach:?}");
+            assert_eq!(r.get("after_oom"), "0", "{reach:?}");
+        }
+        assert!(
+            pre.num("pool.num_ooms") >= 1,
+            "{reach:?}: the pool did not count the OOM"
+        );
+    }
+}
+
+/// The fake driver, like the real one, invalidates a capture when a context fence is
+/// recorded during it: the pool must not fence while the capture is open.
+#[test]
+fn allocations_inside_a_capture_do_not_invalidate_it() {
+    for reach in ALL_REACHES {
+        let exe = support::driver_program(reach);
+        for scenario in ["capture", "capture-nonblocking"] {
+            let plain = run_ok(&exe, &[scenario], false, &[]);
+            let pre = run_ok(&exe, &[scenario], true, &[]);
+            assert_eq!(pre, plain, "{reach:?} {scenario}");
+            assert_eq!(pre.get("end_capture"), "0", "{reach:?} {scenario}");
+            assert_eq!(pre.get("fence_refusals"), "0", "{reach:?} {scenario}");
+            assert_eq!(pre.get("capture_failures"), "0", "{reach:?} {scenario}");
+        }
+    }
+}
+
+/// Address ranges and pointer attributes of pool blocks are the blocks' own; IPC export of
+/// a block that shares its driver allocation is refused; everything else is the driver's.
+#[test]
+fn queries_on_pool_blocks_answer_for_the_block() {
+    for reach in ALL_REACHES {
+        let exe = support::driver_program(reach);
+        let plain = run_ok(&exe, &["block-queries"], false, &[]);
+        let pre = run_ok(&exe, &["block-queries"], true, &[]);
+        assert_eq!(
+            pre.without(&["ipc_small"]),
+            plain.without(&["ipc_small"]),
+            "{reach:?}"
+        );
+        assert_eq!(pre.get("range_a.base_is_a"), "1");
+        assert_eq!(pre.get("range_a.size"), "1000");
+        assert_eq!(pre.get("attr_b.start_is_b"), "1");
+        assert_eq!(pre.get("attr_b.size"), "1000");
+        assert_eq!(plain.get("ipc_small"), "0");
+        assert_eq!(
+            pre.get("ipc_small"),
+            "1",
+            "{reach:?}: sub-allocated block exported"
+        );
+        assert_eq!(pre.get("ipc_whole"), "0", "{reach:?}");
+        assert_eq!(pre.get("info_free_recovered"), "1", "{reach:?}");
+    }
+}
+
+#[test]
+fn a_fork_child_passes_through_to_the_driver() {
+    for reach in [Reach::GetProcAddress, Reach::Linked] {
+        let exe = support::driver_program(reach);
+        let pre = run_ok(&exe, &["fork"], true, &[]);
+        assert_eq!(pre.get("child.exit"), "0", "{reach:?}");
+        assert_eq!(
+            pre.num("child.driver_allocs"),
+            pre.num("child.program_allocs"),
+            "{reach:?}"
+        );
+        assert_eq!(
+            pre.get("child.pool_stats_ok"),
+            "0",
+            "{reach:?}: the child reached the pool"
+        );
+        assert_eq!(pre.get("parent.free"), "0", "{reach:?}");
+    }
+}
+
+/// Nothing reaches the driver from cupool once exit has started, whether the program
+/// leaves blocks allocated or frees them from exit handlers and destructors.
+#[test]
+fn no_driver_call_after_exit_starts() {
+    for scenario in ["exit-nofree", "exit-free-late"] {
+        let log = support::scratch().join(format!("{scenario}.log"));
+        let _ = std::fs::remove_file(&log);
+        let exe = support::driver_program(Reach::Linked);
+        let out = run_ok(
+            &exe,
+            &[scenario],
+            true,
+            // A fence per free: any free that reached the pool's ordering would show.
+            &[
+                ("FAKE_CUDA_LOG", log.to_str().unwrap()),
+                ("CUPOOL_CONF", "fence_batch:1"),
+            ],
+        );
+        if scenario == "exit-free-late" {
+            let frees: Vec<_> = out.0.iter().filter(|(k, _)| k.ends_with("_free")).collect();
+            assert_eq!(frees.len(), 4, "{frees:?}");
+            assert!(frees.iter().all(|(_, v)| v == "0"), "{frees:?}");
+        }
+        let logged = std::fs::read_to_string(&log).expect("the fake wrote its log");
+        // The program's marker is the last cuDriverGetVersion (the backend also calls it).
+        let lines: Vec<&str> = logged.lines().collect();
+        let marker = lines
+            .iter()
+            .rposition(|l| l.starts_with("cuDriverGetVersion"))
+            .expect("marker call in the log");
+        let after = &lines[marker + 1..];
+        assert!(
+            after.is_empty(),
+            "{scenario}: driver calls during exit: {after:?}"
+        );
+    }
+}
+
+#[test]
+fn stats_at_exit_prints_a_summary() {
+    let exe = support::driver_program(Reach::Linked);
+    let out = run(&exe, &["loop"], true, &[("CUPOOL_STATS_AT_EXIT", "1")]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cupool: statistics at exit"), "stderr:\n{err}");
+    assert!(err.contains("num_allocs"), "stderr:\n{err}");
+    let quiet = run(&exe, &["loop"], true, &[]);
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("statistics at exit"));
+}
+
+#[test]
+fn interposition_is_reported_only_under_the_preload() {
+    let exe = support::api_program();
+    assert_eq!(
+        run_ok(&exe, &[], false, &[]).get("interposition_active"),
+        "0"
+    );
+    assert_eq!(
+        run_ok(&exe, &[], true, &[]).get("interposition_active"),
+        "1"
+    );
+}
+
+/// RTLD_NEXT stays relative to the caller (glibc finds it from the return address), and a
+/// handle's own definition of a hooked name is returned unchanged.
+#[test]
+fn dlsym_keeps_the_callers_lookup_semantics() {
+    let exe = support::rtld_next_program();
+    let plain = run_ok(&exe, &[], false, &[]);
+    let pre = run_ok(&exe, &[], true, &[]);
+    assert_eq!(pre, plain);
+    assert_eq!(pre.get("rtld_next_from_library_is_libc"), "1");
+    assert_eq!(pre.get("wrapped_getpid_works"), "1");
+    assert_eq!(pre.get("handle_own_definition"), "77");
+    assert_eq!(pre.get("unknown_name_is_null"), "1");
+    assert_eq!(pre.get("prefix_name_is_null"), "1");
+}

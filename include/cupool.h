@@ -24,7 +24,7 @@ typedef enum {
    */
   CUPOOL_OK = 0,
   /**
-   * An argument was wrong: a NULL out-pointer, a size of 0, a size too large to round.
+   * An argument was wrong: a NULL out-pointer, a size of 0. (A size no device can hold is out of memory, as `cudaMalloc` reports it.)
    */
   CUPOOL_ERROR_INVALID_VALUE = 1,
   /**

@@ -82,6 +82,16 @@ extern "C" fn print_stats_at_exit() {
     });
 }
 
+/// Set by a library that prints the exit summary itself (the preload library prints it
+/// from its own exit handler, which also covers processes whose pool never started).
+static STATS_AT_EXIT_CLAIMED: AtomicBool = AtomicBool::new(false);
+
+/// Tells the runtime not to register its own exit summary. Atomics only: callable from a
+/// library constructor.
+pub fn claim_stats_at_exit() {
+    STATS_AT_EXIT_CLAIMED.store(true, Ordering::Relaxed);
+}
+
 fn stats_at_exit_requested() -> bool {
     std::env::var("CUPOOL_STATS_AT_EXIT")
         .map(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"))
@@ -91,7 +101,7 @@ fn stats_at_exit_requested() -> bool {
 fn start() -> core::result::Result<Runtime, CupoolStatus> {
     config::ensure_loaded();
     config::freeze();
-    if stats_at_exit_requested() {
+    if stats_at_exit_requested() && !STATS_AT_EXIT_CLAIMED.load(Ordering::Relaxed) {
         // SAFETY: registering a plain extern "C" function.
         unsafe { libc::atexit(print_stats_at_exit) };
     }

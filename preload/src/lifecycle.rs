@@ -146,6 +146,8 @@ extern "C" fn on_fork_child() {
 pub fn on_load() {
     // The real dlsym is resolved before any other code can call our `dlsym`.
     crate::real::resolve_real_dlsym();
+    // This library prints the exit summary itself (see `on_exit`), once.
+    cupool::runtime::claim_stats_at_exit();
     if !cupool::ffi::process_api::forwards_to_other_copy() {
         cupool::ffi::set_interposition_active(true);
     }

@@ -65,6 +65,15 @@ pub fn runtime_if_started() -> Option<&'static Runtime> {
     }
 }
 
+extern "C" fn on_exit() {
+    mark_exiting();
+}
+
+/// Runs in the child right after `fork`: atomics only (async-signal-safe).
+extern "C" fn on_fork_child() {
+    mark_fork_child();
+}
+
 /// `CUPOOL_STATS_AT_EXIT=1`: a one-screen summary on stderr when the process exits.
 /// Counters only: no CUDA call (the driver may already be gone), one `write(2)`.
 extern "C" fn print_stats_at_exit() {
@@ -101,9 +110,17 @@ fn stats_at_exit_requested() -> bool {
 fn start() -> core::result::Result<Runtime, CupoolStatus> {
     config::ensure_loaded();
     config::freeze();
-    if stats_at_exit_requested() && !STATS_AT_EXIT_CLAIMED.load(Ordering::Relaxed) {
-        // SAFETY: registering a plain extern "C" function.
-        unsafe { libc::atexit(print_stats_at_exit) };
+    // SAFETY: registering plain extern "C" functions that never unwind.
+    unsafe {
+        // Exit: from here on no CUDA call (handlers run in reverse order of registration,
+        // so this one runs before the teardown of a CUDA runtime initialised earlier).
+        libc::atexit(on_exit);
+        // A fork child must never touch the parent's pool (its device memory is not the
+        // child's; CUDA itself refuses to work in such a child).
+        libc::pthread_atfork(None, None, Some(on_fork_child));
+        if stats_at_exit_requested() && !STATS_AT_EXIT_CLAIMED.load(Ordering::Relaxed) {
+            libc::atexit(print_stats_at_exit);
+        }
     }
     let backend_name = config::BACKENDS
         .get(config::get(Key::Backend) as usize)

@@ -19,10 +19,10 @@
 //!   ([`thread_cache`]).
 //!
 //! Note [locks]: `shared` (a spin lock) guards the indexes and lists and is held only for
-//! short metadata work, never across a backend call. `events` serialises recording and
-//! polling of events and fences (so an event is never recycled while another thread
-//! queries it); it is taken only when a request missed the cache, on OOM, and by
-//! `empty_cache`, and it is the only lock held across backend calls. Order: `events` before
+//! short metadata work, never across a backend call. `events` (a blocking mutex, not a spin
+//! lock) serialises recording and polling of events and fences (so an event is never
+//! recycled while another thread queries it); it is taken only when a request missed the
+//! cache, on OOM, and by `empty_cache`, and it is the only lock held across backend calls. Order: `events` before
 //! `shared`.
 
 pub mod address_map;
@@ -225,7 +225,8 @@ pub struct DevicePool {
     pub ctx: ContextInfo,
     backend: &'static dyn Backend,
     shared: spin::Mutex<Shared>,
-    events: spin::Mutex<()>,
+    /// A blocking mutex, not a spin lock: it is held across backend calls (Note [locks]).
+    events: std::sync::Mutex<()>,
     /// Cap on reserved bytes, 0 = none (`memory_limit`).
     limit: AtomicU64,
     capture_depth: AtomicU32,
@@ -255,7 +256,7 @@ impl DevicePool {
                 segments: BTreeMap::new(),
                 slow: SlowCounts::default(),
             }),
-            events: spin::Mutex::new(()),
+            events: std::sync::Mutex::new(()),
             limit: AtomicU64::new(config::get(Key::MemoryLimit)),
             capture_depth: AtomicU32::new(0),
             peak_epoch: AtomicU64::new(0),
@@ -717,7 +718,7 @@ impl DevicePool {
         if seal && self.may_order() {
             // Batch full: record one fence for all of them now, so they are reusable by the
             // time the next miss looks (recording costs ~0.2 µs; no wait).
-            if let Some(_ev) = self.events.try_lock() {
+            if let Ok(_ev) = self.events.try_lock() {
                 self.seal(c, false);
             }
         }
@@ -797,7 +798,8 @@ impl DevicePool {
     /// Seals unsealed frees, polls (or waits for) outstanding events and fences, and moves
     /// the blocks they cover to the shared index. Returns whether any block moved.
     fn advance(&self, mode: Advance, c: &ThreadCounters) -> bool {
-        let _ev = self.events.lock();
+        // A panic elsewhere cannot leave the guarded data (there is none) inconsistent.
+        let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         self.seal(c, true);
         // Which events to look at: newest first (a completed newer event implies the older
         // ones of the same stream, and a completed fence implies every older fence).

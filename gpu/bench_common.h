@@ -1,0 +1,240 @@
+// Allocation benchmarks shared by bench_alloc.cu (cupool, cudaMallocAsync, cudaMalloc) and
+// torch_alloc_ext.cpp (PyTorch's caching allocator), so every allocator runs the very same
+// loops. Host code only: compiles with nvcc and with the C++ compiler of a torch extension.
+//
+// An allocator is a type with
+//   static const char *name();
+//   static bool alloc(void **p, size_t n, cudaStream_t s);   // true on success
+//   static void release(void *p, cudaStream_t s);
+//   static Costs costs();                                    // repetition counts
+// Results are printed as lines "BENCH section allocator case key=value ..." that the
+// suite's report reads.
+#pragma once
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace bench {
+
+inline double now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+// How many pairs one timed batch holds and how many batches are timed. A single cache-hit
+// pair (~10-1000 ns) is too short for the clock, so fast allocators time batches of 1000
+// and report statistics of the per-pair averages; cudaMalloc (~60 us) is timed per pair.
+struct Costs {
+  int batch;           // pairs per timed batch
+  int repeats;         // timed batches
+  int thread_pairs;    // pairs per thread in the throughput test
+  size_t max_live;     // largest live-block count this allocator is run with
+};
+
+inline Costs fast_costs() { return Costs{1000, 200, 20000, 100000}; }
+inline Costs slow_costs() { return Costs{1, 100, 150, 1000}; }
+
+struct Summary {
+  double median, p99, min;
+};
+
+inline Summary summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t p99 = (size_t)((double)(v.size() - 1) * 0.99 + 0.5);
+  return Summary{v[v.size() / 2], v[std::min(p99, v.size() - 1)], v[0]};
+}
+
+// Fixed pseudo-random sequence, the same for every allocator.
+struct Lcg {
+  uint64_t state;
+  explicit Lcg(uint64_t seed) : state(seed) {}
+  uint32_t next() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(state >> 33);
+  }
+  // Log-uniform size in [lo, hi].
+  size_t size_between(size_t lo, size_t hi) {
+    int lo_bits = 63 - __builtin_clzll(lo), hi_bits = 63 - __builtin_clzll(hi);
+    int bits = lo_bits + (int)(next() % (uint32_t)(hi_bits - lo_bits + 1));
+    size_t base = (size_t)1 << bits;
+    size_t n = base + next() % base;
+    return std::min(std::max(n, lo), hi);
+  }
+};
+
+[[noreturn]] inline void die(const char *who, const char *what, size_t n) {
+  printf("BENCH_ERROR %s %s failed (size %zu)\n", who, what, n);
+  fflush(stdout);
+  exit(3);
+}
+
+// Can this allocator allocate at all? (cupool's stub cannot yet.)
+template <class A>
+bool available(cudaStream_t s) {
+  void *p = nullptr;
+  if (!A::alloc(&p, 4096, s)) {
+    printf("BENCH_UNAVAILABLE %s\n", A::name());
+    fflush(stdout);
+    return false;
+  }
+  A::release(p, s);
+  return true;
+}
+
+// (a) One size, allocated and freed again and again: the cache-hit path.
+template <class A>
+void latency_same(size_t size, cudaStream_t s) {
+  Costs c = A::costs();
+  int batch = c.batch, repeats = c.repeats;
+  if (size >= (64u << 20) && batch == 1) repeats = 50;
+  for (int i = 0; i < 100; i++) {  // warm: first segment, thread caches
+    void *p;
+    if (!A::alloc(&p, size, s)) die(A::name(), "alloc", size);
+    A::release(p, s);
+  }
+  std::vector<double> per_pair;
+  per_pair.reserve(repeats);
+  for (int r = 0; r < repeats; r++) {
+    double t0 = now_ns();
+    for (int i = 0; i < batch; i++) {
+      void *p;
+      if (!A::alloc(&p, size, s)) die(A::name(), "alloc", size);
+      A::release(p, s);
+    }
+    per_pair.push_back((now_ns() - t0) / batch);
+  }
+  Summary m = summarize(per_pair);
+  printf("BENCH latency_same %s %zu median_ns=%.1f p99_ns=%.1f min_ns=%.1f batch=%d repeats=%d\n",
+         A::name(), size, m.median, m.p99, m.min, batch, repeats);
+  fflush(stdout);
+}
+
+// Frees a random live block and allocates a new one of a random size in its slot.
+template <class A>
+inline void churn_one(std::vector<void *> &live, Lcg &rng, size_t lo, size_t hi, cudaStream_t s) {
+  size_t k = rng.next() % live.size();
+  A::release(live[k], s);
+  size_t n = rng.size_between(lo, hi);
+  if (!A::alloc(&live[k], n, s)) die(A::name(), "alloc", n);
+}
+
+template <class A>
+Summary churn(size_t live_count, size_t lo, size_t hi, cudaStream_t s, int batch, int repeats) {
+  Lcg rng(42);
+  std::vector<void *> live(live_count);
+  for (size_t i = 0; i < live_count; i++) {
+    size_t n = rng.size_between(lo, hi);
+    if (!A::alloc(&live[i], n, s)) die(A::name(), "prefill alloc", n);
+  }
+  for (int i = 0; i < std::max(batch, 64); i++) churn_one<A>(live, rng, lo, hi, s);  // warm
+  std::vector<double> per_pair;
+  for (int r = 0; r < repeats; r++) {
+    double t0 = now_ns();
+    for (int i = 0; i < batch; i++) churn_one<A>(live, rng, lo, hi, s);
+    per_pair.push_back((now_ns() - t0) / batch);
+  }
+  for (void *p : live) A::release(p, s);
+  cudaStreamSynchronize(s);
+  return summarize(per_pair);
+}
+
+// (b) Mixed sizes 512 B - 4 MiB with 64 blocks live.
+template <class A>
+void latency_mixed(cudaStream_t s) {
+  Costs c = A::costs();
+  Summary m = churn<A>(64, 512, 4u << 20, s, c.batch, c.repeats);
+  printf("BENCH latency_mixed %s 64live median_ns=%.1f p99_ns=%.1f min_ns=%.1f\n", A::name(), m.median,
+         m.p99, m.min);
+  fflush(stdout);
+}
+
+// Cost per pair with N live blocks of mixed small sizes (256 B - 64 KiB).
+template <class A>
+void live_blocks(size_t n, cudaStream_t s) {
+  Costs c = A::costs();
+  if (n > c.max_live) {
+    printf("BENCH live %s %zu skipped=1\n", A::name(), n);
+    return;
+  }
+  Summary m = churn<A>(n, 256, 64u << 10, s, c.batch, std::max(20, c.repeats / 2));
+  printf("BENCH live %s %zu median_ns=%.1f p99_ns=%.1f\n", A::name(), n, m.median, m.p99);
+  fflush(stdout);
+}
+
+// Aggregate pairs per second of `threads` threads, each with its own stream, each doing the
+// same number of 64 KiB pairs; all start together. Median of 3 runs.
+template <class A>
+void throughput(int threads) {
+  Costs c = A::costs();
+  const size_t size = 64u << 10;
+  std::vector<double> rates;
+  for (int run = 0; run < 3; run++) {
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::atomic<int> failures{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; t++)
+      pool.emplace_back([&] {
+        cudaStream_t s;
+        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+          failures++;
+          ready++;
+          return;
+        }
+        for (int i = 0; i < 50; i++) {  // warm this thread's cache
+          void *p;
+          if (!A::alloc(&p, size, s)) { failures++; break; }
+          A::release(p, s);
+        }
+        ready++;
+        while (!go.load(std::memory_order_acquire)) {
+        }
+        for (int i = 0; i < c.thread_pairs; i++) {
+          void *p;
+          if (!A::alloc(&p, size, s)) { failures++; break; }
+          A::release(p, s);
+        }
+        cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+      });
+    while (ready.load() < threads) {
+    }
+    double t0 = now_ns();
+    go.store(true, std::memory_order_release);
+    for (auto &t : pool) t.join();
+    double secs = (now_ns() - t0) / 1e9;
+    if (failures.load()) die(A::name(), "threaded alloc", size);
+    rates.push_back((double)threads * c.thread_pairs / secs);
+  }
+  std::sort(rates.begin(), rates.end());
+  double rate = rates[1];
+  printf("BENCH threads %s %d pairs_per_s=%.0f ns_per_pair_aggregate=%.1f pairs_per_thread=%d\n",
+         A::name(), threads, rate, 1e9 / rate, c.thread_pairs);
+  fflush(stdout);
+}
+
+// Everything, for one allocator.
+template <class A>
+void run_all(const std::vector<int> &thread_counts) {
+  cudaStream_t s;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) die(A::name(), "stream", 0);
+  if (!available<A>(s)) return;
+  const size_t sizes[] = {512, 64u << 10, 1u << 20, 64u << 20};
+  for (size_t n : sizes) latency_same<A>(n, s);
+  latency_mixed<A>(s);
+  const size_t lives[] = {10, 1000, 100000};
+  for (size_t n : lives) live_blocks<A>(n, s);
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  for (int t : thread_counts) throughput<A>(t);
+}
+
+}  // namespace bench

@@ -1,0 +1,48 @@
+"""CuPy allocations through the preload: arrays made and freed, a checksum printed.
+
+CuPy carries its own static CUDA runtime, so a cudaMalloc symbol hook never sees it; the
+preload's driver-level hooks must. Runs CuPy's default memory pool and then no pool
+(every array a driver allocation). Stdout is compared with and without the preload; the
+pool's stats go to stderr.
+"""
+import ctypes
+import sys
+
+import cupy
+
+
+def pool_stats_to_stderr(label):
+    try:
+        fn = ctypes.CDLL(None).cupool_stats_json
+    except AttributeError:
+        print(f"CUPOOL_STATS {label} absent", file=sys.stderr)
+        return
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+    buf = ctypes.create_string_buffer(8192)
+    needed = ctypes.c_size_t(0)
+    status = fn(-1, buf, len(buf), ctypes.byref(needed))
+    print(f"CUPOOL_STATS {label} {buf.value.decode() if status == 0 else 'error %d' % status}",
+          file=sys.stderr)
+
+
+def workload(tag):
+    total = 0
+    for i in range(200):
+        n = 1000 + (i * 7919) % 300000
+        a = cupy.arange(n, dtype=cupy.int64)
+        b = (a * (i + 3)) % 1000003
+        c = cupy.cumsum(b) % 998244353
+        total = (total * 31 + int(c[-1]) + int(b.sum())) % (1 << 61)
+        del a, b, c
+    big = cupy.ones((64 << 20) // 8, dtype=cupy.float64)
+    total = (total + int(big.sum())) % (1 << 61)
+    del big
+    cupy.cuda.Device().synchronize()
+    print(f"{tag} checksum {total}")
+
+
+workload("cupy_default_pool")
+cupy.get_default_memory_pool().free_all_blocks()
+cupy.cuda.set_allocator(None)  # every array now a runtime/driver allocation
+workload("cupy_no_pool")
+pool_stats_to_stderr("cupy")

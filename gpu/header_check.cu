@@ -1,0 +1,57 @@
+// Compiles the suite's use of the C API against include/cupool.h: every function and
+// stats field the suite touches, and the stats struct's C layout (version 1).
+// With -DHEADER_CHECK_MAIN it is also a program, linked against libcupool.a by the suite
+// to show that the static library links and answers.
+#include <stddef.h>
+#include <stdio.h>
+
+#include "cupool_api.h"
+
+static_assert(sizeof(cupool_stats) == 8 + 4 * 16 + 10 * 8, "cupool_stats v1 is 152 bytes");
+static_assert(offsetof(cupool_stats, allocated_bytes) == 8, "allocated_bytes after the header");
+static_assert(offsetof(cupool_stats, num_allocs) == 72, "counts after the four levels");
+static_assert(offsetof(cupool_stats, cross_stream_frees) == 144, "cross_stream_frees last");
+
+int use_every_call() {
+  void *p = nullptr;
+  cupool_stats s;
+  s.size = sizeof s;
+  s.version = CUP_STATS_VERSION;
+  size_t n = 0;
+  char buf[16];
+  int r = 0;
+  r |= (int)cupool_alloc(&p, 1);
+  r |= (int)cupool_alloc_async(&p, 1, (struct CUstream_st *)0);
+  r |= (int)cupool_free(p);
+  r |= (int)cupool_free_async(p, (struct CUstream_st *)0);
+  r |= (int)cupool_get_stats(0, &s);
+  r |= (int)cupool_stats_json(0, buf, sizeof buf, &n);
+  r |= (int)cupool_reset_peak_stats(-1);
+  r |= (int)cupool_empty_cache(&n);
+  r |= (int)cupool_set_memory_limit(0, 0);
+  r |= (int)cupool_config_set("verbose", "0");
+  r |= cupool_interposition_active();
+  const char *text = cupool_status_string((cupool_status)0);
+  return r + (int)(s.allocated_bytes.current + s.reserved_bytes.peak + s.requested_bytes.current +
+                   s.cached_bytes.current + s.num_allocs + s.num_frees + s.cache_hits + s.cache_misses +
+                   s.device_allocs + s.device_frees + s.alloc_retries + s.num_ooms + s.fences_recorded +
+                   s.cross_stream_frees) +
+         (text ? 0 : 1);
+}
+
+#ifdef HEADER_CHECK_MAIN
+int main() {
+  // Linked statically: the library must answer (a status string, stats) without crashing.
+  const char *text = cupool_status_string((cupool_status)2);
+  cupool_stats s;
+  s.size = sizeof s;
+  s.version = CUP_STATS_VERSION;
+  int st = (int)cupool_get_stats(-1, &s);
+  printf("static link: status_string(2)='%s', get_stats -> %d\n", text ? text : "(null)", st);
+  void *p = nullptr;
+  st = (int)cupool_alloc(&p, 4096);
+  printf("static link: alloc -> %d\n", st);
+  if (st == 0) st = (int)cupool_free(p);
+  return (text && st == 0) ? 0 : 1;
+}
+#endif

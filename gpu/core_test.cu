@@ -24,7 +24,7 @@ static cupool_stats read_stats(int device = 0) {
   s.size = (uint32_t)sizeof s;
   s.version = CUP_STATS_VERSION;
   int st = (int)cupool_get_stats(device, &s);
-  if (st != CUP_OK) info("cupool_get_stats(%d) -> %d %s", device, st, cupool_status_string(st));
+  if (st != CUP_OK) info("cupool_get_stats(%d) -> %d %s", device, st, cupool_status_string((cupool_status)st));
   return s;
 }
 
@@ -35,7 +35,7 @@ static void print_stats_json(const char *label) {
   if (st == CUP_OK)
     printf("STATS %s %s\n", label, buf);
   else
-    printf("STATS %s unavailable: %d %s\n", label, st, cupool_status_string(st));
+    printf("STATS %s unavailable: %d %s\n", label, st, cupool_status_string((cupool_status)st));
   fflush(stdout);
 }
 
@@ -44,11 +44,11 @@ static bool pool_available() {
   void *p = nullptr;
   int st = (int)cupool_alloc(&p, 4096);
   if (!check("pool_available", st == CUP_OK && p != nullptr, "cupool_alloc(4096) -> %d %s", st,
-             cupool_status_string(st)))
+             cupool_status_string((cupool_status)st)))
     return false;
   st = (int)cupool_free(p);
   return check("pool_free_works", st == CUP_OK, "cupool_free -> %d %s", st,
-               cupool_status_string(st));
+               cupool_status_string((cupool_status)st));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -145,32 +145,32 @@ static int test_roundtrip() {
 static int test_api() {
   if (!pool_available()) return 1;
   int st = (int)cupool_alloc(nullptr, 64);
-  check("api_alloc_null_out", st == CUP_INVALID_VALUE, "-> %d %s", st, cupool_status_string(st));
+  check("api_alloc_null_out", st == CUP_INVALID_VALUE, "-> %d %s", st, cupool_status_string((cupool_status)st));
   int host_var = 0;
   st = (int)cupool_free(&host_var);
   check("api_free_foreign_pointer", st == CUP_INVALID_POINTER, "-> %d %s", st,
-        cupool_status_string(st));
+        cupool_status_string((cupool_status)st));
   st = (int)cupool_free(nullptr);
-  info("cupool_free(NULL) -> %d %s", st, cupool_status_string(st));
+  info("cupool_free(NULL) -> %d %s", st, cupool_status_string((cupool_status)st));
   void *p = nullptr;
   st = (int)cupool_alloc(&p, 1 << 16);
   check("api_alloc_64k", st == CUP_OK && p, "-> %d", st);
   st = (int)cupool_free((char *)p + 256);
-  check("api_free_interior_pointer", st != CUP_OK, "-> %d %s", st, cupool_status_string(st));
+  check("api_free_interior_pointer", st != CUP_OK, "-> %d %s", st, cupool_status_string((cupool_status)st));
   st = (int)cupool_free(p);
   check("api_free_64k", st == CUP_OK, "-> %d", st);
   st = (int)cupool_free(p);
   check("api_double_free_detected", st == CUP_DOUBLE_FREE || st == CUP_INVALID_POINTER,
-        "-> %d %s", st, cupool_status_string(st));
+        "-> %d %s", st, cupool_status_string((cupool_status)st));
   void *sentinel = (void *)0x1234;
   void *out = sentinel;
   st = (int)cupool_alloc(&out, (size_t)1 << 62);
   check("api_huge_alloc_fails_oom", st == CUP_OUT_OF_MEMORY || st == CUP_INVALID_VALUE, "-> %d %s",
-        st, cupool_status_string(st));
+        st, cupool_status_string((cupool_status)st));
   check("api_out_param_untouched_on_failure", out == sentinel, "out=%p", out);
   st = (int)cupool_config_set("no_such_key_xyz", "1");
-  check("api_config_unknown_key_rejected", st != CUP_OK, "-> %d %s", st, cupool_status_string(st));
-  const char *text = cupool_status_string(CUP_OUT_OF_MEMORY);
+  check("api_config_unknown_key_rejected", st != CUP_OK, "-> %d %s", st, cupool_status_string((cupool_status)st));
+  const char *text = cupool_status_string((cupool_status)CUP_OUT_OF_MEMORY);
   check("api_status_string", text && text[0], "'%s'", text ? text : "(null)");
   info("cupool_interposition_active() = %d (expected 0 without the preload)",
        cupool_interposition_active());
@@ -267,7 +267,7 @@ static int test_oom() {
   cupool_stats before = read_stats();
   void *p = (void *)0x1234;
   int st = (int)cupool_alloc(&p, total + total / 2);
-  check("oom_over_device_size", st == CUP_OUT_OF_MEMORY, "-> %d %s", st, cupool_status_string(st));
+  check("oom_over_device_size", st == CUP_OUT_OF_MEMORY, "-> %d %s", st, cupool_status_string((cupool_status)st));
   check("oom_out_param_untouched", p == (void *)0x1234, "out=%p", p);
   cupool_stats after = read_stats();
   check("oom_counted", after.num_ooms > before.num_ooms, "num_ooms %llu -> %llu",
@@ -323,7 +323,7 @@ static int test_oom() {
   void *large = nullptr;
   st = (int)cupool_alloc(&large, big);
   after = read_stats();
-  check("oom_release_cache_then_alloc", st == CUP_OK, "-> %d %s", st, cupool_status_string(st));
+  check("oom_release_cache_then_alloc", st == CUP_OK, "-> %d %s", st, cupool_status_string((cupool_status)st));
   check("oom_release_counted",
         after.alloc_retries > before.alloc_retries || after.device_frees > before.device_frees ||
             free_cached > big,
@@ -365,7 +365,7 @@ static int test_empty_cache() {
   int st = (int)cupool_empty_cache(&released);
   CK(cudaMemGetInfo(&free_after, &total));
   cupool_stats s1 = read_stats();
-  check("empty_cache_status", st == CUP_OK, "-> %d %s", st, cupool_status_string(st));
+  check("empty_cache_status", st == CUP_OK, "-> %d %s", st, cupool_status_string((cupool_status)st));
   check("empty_cache_released_something", released > 0, "released %zu bytes (reserved was %llu)",
         released, (unsigned long long)s0.reserved_bytes.current);
   double gained = (double)free_after - (double)free_before;
@@ -600,7 +600,7 @@ static int test_stats() {
   cupool_empty_cache(&released);
   void *p = nullptr;
   st = (int)cupool_alloc(&p, 512 * MiB);
-  check("limit_over_fails", st == CUP_OUT_OF_MEMORY, "-> %d %s", st, cupool_status_string(st));
+  check("limit_over_fails", st == CUP_OUT_OF_MEMORY, "-> %d %s", st, cupool_status_string((cupool_status)st));
   if (st == CUP_OK) cupool_free(p);
   st = (int)cupool_alloc(&p, 64 * MiB);
   check("limit_under_succeeds", st == CUP_OK, "-> %d", st);

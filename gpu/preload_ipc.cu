@@ -68,6 +68,7 @@ static int export_to_child(void *p, size_t n, uint32_t seed, bool *export_ok) {
   *export_ok = e == cudaSuccess;
   if (e != cudaSuccess) {
     fprintf(stderr, "parent: cudaIpcGetMemHandle -> %s\n", cudaGetErrorName(e));
+    (void)cudaGetLastError();  // a program that handles the refusal clears the sticky error
     return 10;
   }
   std::string hex = to_hex(&h, sizeof h), size = std::to_string(n), sd = std::to_string(seed);

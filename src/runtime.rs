@@ -313,7 +313,7 @@ impl Runtime {
             let d = unsafe { BLOCKS.get(idx).data() };
             pool.note_freed(c, d.size, d.requested);
             // SAFETY: as above.
-            unsafe { pool.free_to_fence(c, idx, false) };
+            unsafe { pool.free_to_fence(idx, false) };
         });
         Ok(())
     }
@@ -339,7 +339,7 @@ impl Runtime {
             pool.note_freed(c, size, requested);
             if alloc_stream != STREAMLESS && alloc_stream != sid.0 {
                 // SAFETY: as above.
-                unsafe { pool.free_to_fence(c, idx, true) };
+                unsafe { pool.free_to_fence(idx, true) };
                 return;
             }
             let s = StreamRef {

@@ -126,32 +126,18 @@ struct SlowCounts {
 }
 
 struct StreamState {
-    id: u64,
-    /// The handle last used with this stream (checked against `id` before recording).
-    handle: StreamHandle,
     small: FreeIndex,
     large: FreeIndex,
     /// Every block of `small` and `large`, in free order.
     age: Fifo,
-    /// Recorded events: (event, clock value it covers).
-    events: VecDeque<(EventHandle, u64)>,
-    /// Highest clock value covered by an event of this stream.
-    sealed: u64,
-    /// Highest clock value whose event has completed.
-    done: u64,
 }
 
 impl StreamState {
-    fn new(id: u64, handle: StreamHandle) -> Self {
+    fn new() -> Self {
         StreamState {
-            id,
-            handle,
             small: FreeIndex::new(),
             large: FreeIndex::new(),
             age: Fifo::new(),
-            events: VecDeque::new(),
-            sealed: 0,
-            done: 0,
         }
     }
 
@@ -195,15 +181,13 @@ impl Shared {
         let pos = match self.stream_pos.get(&s.id) {
             Some(&p) => p,
             None => {
-                self.streams.push(StreamState::new(s.id, s.handle));
+                self.streams.push(StreamState::new());
                 let p = self.streams.len() - 1;
                 self.stream_pos.insert(s.id, p);
                 p
             }
         };
-        let st = &mut self.streams[pos];
-        st.handle = s.handle;
-        st
+        &mut self.streams[pos]
     }
 }
 
@@ -366,7 +350,7 @@ impl DevicePool {
         if let Some(ptr) = self.try_fit(c, size, requested, kind, stream) {
             return Ok(ptr);
         }
-        if self.may_order() && self.advance(Advance::SealAndPoll, c) {
+        if self.may_order() && self.advance(Advance::SealAndPoll) {
             if let Some(ptr) = self.try_fit(c, size, requested, kind, stream) {
                 return Ok(ptr);
             }
@@ -385,7 +369,7 @@ impl DevicePool {
         ));
         flush_own_cache();
         if self.may_order() {
-            self.advance(Advance::SealAndWait, c);
+            self.advance(Advance::SealAndWait);
             if let Some(ptr) = self.try_fit(c, size, requested, kind, stream) {
                 return Ok(ptr);
             }
@@ -422,7 +406,6 @@ impl DevicePool {
             if let Some(s) = stream {
                 if let Some(&pos) = sh.stream_pos.get(&s.id) {
                     let st = &mut sh.streams[pos];
-                    st.handle = s.handle;
                     if let Some(idx) = st.index(kind).find(&BLOCKS, size) {
                         st.index(kind).remove(&BLOCKS, idx);
                         BLOCKS.get(idx).data().place = Place::Allocated;
@@ -701,7 +684,7 @@ impl DevicePool {
     ///
     /// # Safety
     /// The caller owns `idx` (taken back from the program).
-    pub unsafe fn free_to_fence(&self, c: &ThreadCounters, idx: BlockIdx, cross_stream: bool) {
+    pub unsafe fn free_to_fence(&self, idx: BlockIdx, cross_stream: bool) {
         let seal = {
             let mut sh = self.shared.lock();
             let d = BLOCKS.get(idx).data();
@@ -719,133 +702,83 @@ impl DevicePool {
             // Batch full: record one fence for all of them now, so they are reusable by the
             // time the next miss looks (recording costs ~0.2 µs; no wait).
             if let Ok(_ev) = self.events.try_lock() {
-                self.seal(c, false);
+                self.seal();
             }
         }
     }
 
     // ---------------------------------------------------------------- fences
 
-    /// Records a context fence for unsealed fence-queue blocks and an event for every
-    /// stream with unsealed frees (or folds them into the fence when the stream's handle
-    /// no longer names it). Caller holds `self.events`. `all_streams`: seal streams too.
-    fn seal(&self, c: &ThreadCounters, all_streams: bool) {
-        let _ = c;
-        let (epoch, need_fence, to_check) = {
+    /// Records one context fence covering every block freed so far that no fence covers
+    /// yet (in the fence queue and in every stream's age list).
+    ///
+    /// Note [no stored stream handles]: a stream's frees are made shareable by a context
+    /// fence, never by an event recorded on the stream's handle: the pool only remembers
+    /// handles from earlier calls, and the program may have destroyed that stream since
+    /// (the driver does not validate handles: recording on a dead one is a use after
+    /// free). A context fence needs no handle and covers all streams at once. Caller holds
+    /// `self.events`.
+    fn seal(&self) {
+        let epoch = {
             let mut sh = self.shared.lock();
+            let covered = sh.fence_sealed;
+            // SAFETY (closure): pool lock held; stamps grow along each FIFO, so its newest
+            // block tells whether anything in it is unsealed.
+            let newest = |f: &Fifo| {
+                f.back()
+                    .map_or(0, |t| unsafe { BLOCKS.get(t).data().free_epoch })
+            };
+            let unsealed = newest(&sh.fence_queue) > covered
+                || sh.streams.iter().any(|st| newest(&st.age) > covered);
+            if !unsealed {
+                return;
+            }
             let epoch = sh.clock;
             sh.clock += 1;
-            let fence_sealed = sh.fence_sealed;
-            let mut to_check = Vec::new();
-            if all_streams {
-                for st in sh.streams.iter() {
-                    let covered = st.sealed.max(fence_sealed);
-                    // Stamps grow along the age list, so its newest block tells.
-                    // SAFETY: pool lock held.
-                    let unsealed = st
-                        .age
-                        .back()
-                        .is_some_and(|t| unsafe { BLOCKS.get(t).data().free_epoch } > covered);
-                    if unsealed {
-                        to_check.push((st.id, st.handle));
-                    }
-                }
-            }
-            let need_fence = sh.unsealed_fence_blocks > 0;
-            (epoch, need_fence, to_check)
+            epoch
         };
-        let mut need_fence = need_fence;
-        let mut stream_events = Vec::new();
-        for (id, handle) in to_check {
-            match self.backend.stream_id(handle) {
-                Ok(sid) if sid.0 == id => {
-                    match self.backend.record_stream_event(self.ctx.id, handle) {
-                        Ok(ev) => stream_events.push((id, ev)),
-                        Err(_) => need_fence = true,
-                    }
-                }
-                _ => need_fence = true,
-            }
-        }
-        let fence = if need_fence {
-            match self.backend.record_context_fence(self.ctx.id) {
-                Ok(ev) => Some(ev),
-                Err(e) => {
-                    crate::log::debug(&format!("cupool: context fence failed: {e:?}"));
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let mut sh = self.shared.lock();
-        for (id, ev) in stream_events {
-            if let Some(&pos) = sh.stream_pos.get(&id) {
-                let st = &mut sh.streams[pos];
-                st.events.push_back((ev, epoch));
-                st.sealed = epoch;
+        match self.backend.record_context_fence(self.ctx.id) {
+            Ok(ev) => {
+                let mut sh = self.shared.lock();
+                sh.fences.push_back((ev, epoch));
+                sh.fence_sealed = epoch;
+                sh.unsealed_fence_blocks = 0;
                 sh.slow.fences += 1;
             }
-        }
-        if let Some(ev) = fence {
-            sh.fences.push_back((ev, epoch));
-            sh.fence_sealed = epoch;
-            sh.unsealed_fence_blocks = 0;
-            sh.slow.fences += 1;
+            Err(e) => crate::log::debug(&format!("cupool: context fence failed: {e:?}")),
         }
     }
 
     /// Seals unsealed frees, polls (or waits for) outstanding events and fences, and moves
     /// the blocks they cover to the shared index. Returns whether any block moved.
-    fn advance(&self, mode: Advance, c: &ThreadCounters) -> bool {
+    fn advance(&self, mode: Advance) -> bool {
         // A panic elsewhere cannot leave the guarded data (there is none) inconsistent.
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        self.seal(c, true);
-        // Which events to look at: newest first (a completed newer event implies the older
-        // ones of the same stream, and a completed fence implies every older fence).
-        let (fences, streams): (Vec<Recorded>, Vec<(u64, Vec<Recorded>)>) = {
-            let sh = self.shared.lock();
-            (
-                sh.fences.iter().rev().copied().collect(),
-                sh.streams
-                    .iter()
-                    .filter(|s| !s.events.is_empty())
-                    .map(|s| (s.id, s.events.iter().rev().copied().collect()))
-                    .collect(),
-            )
-        };
-        let done_upto = |evs: &[Recorded]| -> u64 {
-            for &(ev, e) in evs {
-                let complete = match mode {
-                    Advance::SealAndWait => self.backend.wait_event(self.ctx.id, ev).is_ok(),
-                    Advance::SealAndPoll => self
-                        .backend
-                        .event_completed(self.ctx.id, ev)
-                        .unwrap_or(false),
-                };
-                if complete {
-                    return e;
-                }
-                if mode == Advance::SealAndWait {
-                    // Waiting on the newest failed (driver error): do not try older ones.
-                    return 0;
-                }
+        self.seal();
+        // Newest first: a completed fence implies every older one.
+        let fences: Vec<Recorded> = self.shared.lock().fences.iter().rev().copied().collect();
+        let mut done = 0;
+        for &(ev, e) in &fences {
+            let complete = match mode {
+                Advance::SealAndWait => self.backend.wait_event(self.ctx.id, ev).is_ok(),
+                Advance::SealAndPoll => self
+                    .backend
+                    .event_completed(self.ctx.id, ev)
+                    .unwrap_or(false),
+            };
+            if complete {
+                done = e;
+                break;
             }
-            0
-        };
-        let fence_done = done_upto(&fences);
-        let stream_done: Vec<(u64, u64)> = streams
-            .iter()
-            .map(|(id, evs)| (*id, done_upto(evs)))
-            .collect();
-
+            if mode == Advance::SealAndWait {
+                // Waiting on the newest failed (driver error): do not try older ones.
+                break;
+            }
+        }
         let mut recycle = Vec::new();
-        let mut moved = false;
-        {
+        let moved = {
             let mut sh = self.shared.lock();
-            if fence_done > sh.fence_done {
-                sh.fence_done = fence_done;
-            }
+            sh.fence_done = sh.fence_done.max(done);
             while let Some(&(ev, e)) = sh.fences.front() {
                 if e > sh.fence_done {
                     break;
@@ -853,24 +786,9 @@ impl DevicePool {
                 sh.fences.pop_front();
                 recycle.push(ev);
             }
-            for (id, done) in stream_done {
-                if let Some(&pos) = sh.stream_pos.get(&id) {
-                    let st = &mut sh.streams[pos];
-                    st.done = st.done.max(done);
-                    while let Some(&(ev, e)) = st.events.front() {
-                        if e > st.done {
-                            break;
-                        }
-                        st.events.pop_front();
-                        recycle.push(ev);
-                    }
-                }
-            }
             // SAFETY: pool lock held.
-            unsafe {
-                moved |= self.drain(&mut sh);
-            }
-        }
+            unsafe { self.drain(&mut sh) }
+        };
         for ev in recycle {
             self.backend.recycle_event(self.ctx.id, ev);
         }
@@ -895,10 +813,9 @@ impl DevicePool {
         for pos in 0..sh.streams.len() {
             loop {
                 let st = &mut sh.streams[pos];
-                let done = st.done.max(fence_done);
                 let Some(idx) = st.age.front() else { break };
                 let d = BLOCKS.get(idx).data();
-                if d.free_epoch > done {
+                if d.free_epoch > fence_done {
                     break;
                 }
                 let kind = d.kind;
@@ -967,7 +884,7 @@ impl DevicePool {
         if BACKEND_OFF.load(Ordering::Relaxed) {
             return Ok(0);
         }
-        self.advance(Advance::SealAndWait, c);
+        self.advance(Advance::SealAndWait);
         Ok(self.release_idle_segments(c))
     }
 

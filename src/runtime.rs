@@ -32,8 +32,8 @@ pub struct BlockInfo {
 
 /// Per-device limits set through the API (they override `memory_limit` from the config).
 const MAX_DEVICES: usize = 64;
-static DEVICE_LIMITS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(u64::MAX) }; MAX_DEVICES];
-const LIMIT_UNSET: u64 = u64::MAX;
+static DEVICE_LIMITS: [AtomicU64; MAX_DEVICES] =
+    [const { AtomicU64::new(pool::LIMIT_FROM_CONFIG) }; MAX_DEVICES];
 
 static FORK_CHILD: AtomicBool = AtomicBool::new(false);
 static RUNTIME: spin::Once<core::result::Result<Runtime, CupoolStatus>> = spin::Once::new();
@@ -168,13 +168,12 @@ pub fn mark_exiting() {
 }
 
 fn limit_for(device: i32) -> u64 {
-    let l = DEVICE_LIMITS
+    match DEVICE_LIMITS
         .get(device as usize)
-        .map_or(LIMIT_UNSET, |a| a.load(Ordering::Relaxed));
-    if l == LIMIT_UNSET {
-        config::get(Key::MemoryLimit)
-    } else {
-        l
+        .map_or(pool::LIMIT_FROM_CONFIG, |a| a.load(Ordering::Relaxed))
+    {
+        pool::LIMIT_FROM_CONFIG => config::get(Key::MemoryLimit),
+        l => l,
     }
 }
 
@@ -190,19 +189,18 @@ impl Runtime {
 
     #[inline]
     fn pool_of(&self, ctx: ContextInfo) -> Result<&'static DevicePool> {
-        let p = pool::pool_for(ctx, self.backend)?;
-        Ok(p)
+        pool::pool_for(ctx, self.backend, || {
+            DEVICE_LIMITS
+                .get(ctx.device as usize)
+                .map_or(pool::LIMIT_FROM_CONFIG, |a| a.load(Ordering::Relaxed))
+        })
     }
 
     /// The pool of the calling thread's current context.
     #[inline]
     fn current_pool(&self) -> Result<&'static DevicePool> {
         let ctx = self.backend.current_context().map_err(CupoolStatus::from)?;
-        let p = self.pool_of(ctx)?;
-        if p.limit() != limit_for(ctx.device) {
-            p.set_limit(limit_for(ctx.device));
-        }
-        Ok(p)
+        self.pool_of(ctx)
     }
 
     fn rounded(size: usize) -> Result<u64> {
@@ -248,6 +246,7 @@ impl Runtime {
                     d.place = Place::Allocated;
                     d.requested = size as u64;
                     d.stream = sid.0;
+                    d.handle = stream as u64;
                     pool.note_allocated(c, d.size, size as u64);
                     b.publish_allocated(d.ptr);
                     return Ok(d.ptr);
@@ -323,12 +322,25 @@ impl Runtime {
     #[inline]
     pub fn free_async(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<()> {
         let (idx, pool) = Self::take_back(ptr)?;
-        let sid = match self.backend.stream_id(stream) {
-            Ok(sid) => sid,
-            Err(e) => {
-                // The stream cannot be identified: the program keeps the block.
-                BLOCKS.get(idx).publish_allocated(ptr);
-                return Err(e.into());
+        // SAFETY: `take_back` made this thread the owner.
+        let (alloc_stream, alloc_handle) = {
+            let d = unsafe { BLOCKS.get(idx).data() };
+            (d.stream, d.handle)
+        };
+        // Freed with the handle it was allocated with: no need to ask the driver. Should
+        // that handle now name another stream (the first one destroyed, a new one created
+        // at the same address), the block is filed under the first stream's id, which no
+        // stream will ever use again, so it is reused only after a context fence: safe.
+        let sid = if alloc_stream != STREAMLESS && alloc_handle == stream as u64 {
+            crate::backend::StreamId(alloc_stream)
+        } else {
+            match self.backend.stream_id(stream) {
+                Ok(sid) => sid,
+                Err(e) => {
+                    // The stream cannot be identified: the program keeps the block.
+                    BLOCKS.get(idx).publish_allocated(ptr);
+                    return Err(e.into());
+                }
             }
         };
         with_thread(|ts, cache| {

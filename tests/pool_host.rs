@@ -474,3 +474,34 @@ fn stress_many_threads_own_streams_and_cross_thread_frees() {
         "the exited threads' caches were flushed"
     );
 }
+
+/// A stream destroyed and another created at the same handle: blocks freed on the first
+/// must not go to the second while the first one's work may still run.
+#[test]
+fn a_reused_stream_handle_does_not_inherit_blocks() {
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    let h: StreamHandle = 0x7700;
+    let n = 30 << 20;
+    let a = rt.alloc_async(n, h).unwrap();
+    host.destroy_stream(h); // the program destroys the stream; its work is still in flight
+    rt.free_async(a, h).unwrap(); // freed with the (now reused) handle
+    let b = rt.alloc_async(n, h).unwrap(); // the new stream at the same handle
+    assert_ne!(
+        a, b,
+        "the new stream must not get a block the old one may still use"
+    );
+    rt.flush_thread_cache();
+    let c = rt.alloc_async(n, h).unwrap(); // this miss records a fence covering `a`
+    assert_ne!(a, c, "the fence has not completed yet");
+    host.complete_all(ctx.id);
+    let d = rt.alloc_async(n, h).unwrap();
+    assert_eq!(
+        d, a,
+        "once a fence covers the old stream's work the block is shared"
+    );
+    for p in [b, c, d] {
+        rt.free_async(p, h).unwrap();
+    }
+    host.set_manual_completion(ctx.id, false);
+}

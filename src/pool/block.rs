@@ -58,6 +58,9 @@ pub struct BlockData {
     /// The stream the block belongs to: the stream it was allocated on while allocated; the
     /// stream it was freed on while `FreeOnStream` or in a thread cache.
     pub stream: u64,
+    /// The stream handle the block was allocated with (lets a free on the same handle skip
+    /// asking the driver for the stream's id).
+    pub handle: u64,
     /// Epoch of the stream event or fence that must complete before the block can be
     /// shared (see `fences.rs`).
     pub free_epoch: u64,
@@ -86,6 +89,7 @@ impl BlockData {
         size: 0,
         requested: 0,
         stream: 0,
+        handle: 0,
         free_epoch: 0,
         seg_prev: NIL,
         seg_next: NIL,

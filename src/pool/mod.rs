@@ -70,6 +70,9 @@ const LARGE_SPLIT_MIN: u64 = 1 << 20;
 /// Granularity of large segments (the driver's own).
 const SEGMENT_GRANULE: u64 = 2 << 20;
 
+/// A pool's limit value meaning "use the `memory_limit` option".
+pub const LIMIT_FROM_CONFIG: u64 = u64::MAX;
+
 /// The stream a block was allocated for, `STREAMLESS` for `cupool_alloc`.
 pub const STREAMLESS: u64 = u64::MAX;
 
@@ -95,7 +98,12 @@ pub fn all_pools() -> impl Iterator<Item = &'static DevicePool> {
 }
 
 /// The pool of `ctx`, created on first use.
-pub fn pool_for(ctx: ContextInfo, backend: &'static dyn Backend) -> Result<&'static DevicePool> {
+/// `limit` gives the device's memory limit for a pool created now.
+pub fn pool_for(
+    ctx: ContextInfo,
+    backend: &'static dyn Backend,
+    limit: impl FnOnce() -> u64,
+) -> Result<&'static DevicePool> {
     if let Some(p) = all_pools().find(|p| p.ctx.id == ctx.id) {
         return Ok(p);
     }
@@ -109,6 +117,7 @@ pub fn pool_for(ctx: ContextInfo, backend: &'static dyn Backend) -> Result<&'sta
         return Err(CupoolStatus::CupoolErrorInternal);
     }
     let pool = Box::leak(Box::new(DevicePool::new(n as u16, ctx, backend)));
+    pool.set_limit(limit());
     POOLS[n].store(pool, Ordering::Release);
     POOL_COUNT.store(n as u32 + 1, Ordering::Release);
     Ok(pool)
@@ -211,7 +220,9 @@ pub struct DevicePool {
     shared: spin::Mutex<Shared>,
     /// A blocking mutex, not a spin lock: it is held across backend calls (Note [locks]).
     events: std::sync::Mutex<()>,
-    /// Cap on reserved bytes, 0 = none (`memory_limit`).
+    /// Cap on reserved bytes set for this device through the API, 0 = none,
+    /// [`LIMIT_FROM_CONFIG`] = the `memory_limit` option (read when growing, so a change of
+    /// the option takes effect at once).
     limit: AtomicU64,
     capture_depth: AtomicU32,
     peak_epoch: AtomicU64,
@@ -241,7 +252,7 @@ impl DevicePool {
                 slow: SlowCounts::default(),
             }),
             events: std::sync::Mutex::new(()),
-            limit: AtomicU64::new(config::get(Key::MemoryLimit)),
+            limit: AtomicU64::new(LIMIT_FROM_CONFIG),
             capture_depth: AtomicU32::new(0),
             peak_epoch: AtomicU64::new(0),
             peaks: core::array::from_fn(|_| AtomicU64::new(0)),
@@ -252,8 +263,12 @@ impl DevicePool {
         self.limit.store(bytes, Ordering::Relaxed);
     }
 
+    /// The cap in force on reserved bytes (0 = none).
     pub fn limit(&self) -> u64 {
-        self.limit.load(Ordering::Relaxed)
+        match self.limit.load(Ordering::Relaxed) {
+            LIMIT_FROM_CONFIG => config::get(Key::MemoryLimit),
+            l => l,
+        }
     }
 
     pub fn capture_begin(&self) {
@@ -494,6 +509,7 @@ impl DevicePool {
         d.place = Place::Allocated;
         d.requested = requested;
         d.stream = stream.map_or(STREAMLESS, |s| s.id);
+        d.handle = stream.map_or(0, |s| s.handle as u64);
         let (ptr, size) = (d.ptr, d.size);
         self.note_allocated(c, size, requested);
         b.publish_allocated(ptr);

@@ -127,6 +127,9 @@ pub static OPTIONS: [OptionDesc; 10] = [
 /// The current value of every option, encoded as u64 (bools 0/1, choices by index).
 static VALUES: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
 static LOADED: AtomicBool = AtomicBool::new(false);
+/// Bumped whenever a value changes, so hot paths can keep a snapshot and re-read only
+/// after a change.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
 static LOADING: spin::Mutex<()> = spin::Mutex::new(());
 /// Set once the pool has started: options with `runtime: false` are frozen then.
 static FROZEN: AtomicBool = AtomicBool::new(false);
@@ -272,7 +275,14 @@ fn set_inner(key: &str, value: &str, source: &str) -> Result<()> {
         return Err(CupoolStatus::CupoolErrorInvalidConfigValue);
     }
     VALUES[i].store(v, Relaxed);
+    GENERATION.fetch_add(1, Relaxed);
     Ok(())
+}
+
+/// Changes whenever any option changes (one relaxed load).
+#[inline]
+pub fn generation() -> u64 {
+    GENERATION.load(Relaxed)
 }
 
 /// Sets one option at run time (`cupool_config_set`).

@@ -61,11 +61,32 @@ impl Slot {
     };
 }
 
+/// The options the cache obeys, read once per configuration change.
+struct Limits {
+    generation: u64,
+    enabled: bool,
+    max_block: u64,
+    max_bytes: u64,
+}
+
+impl Limits {
+    fn read() -> Self {
+        use crate::config::{get, get_bool, Key};
+        Limits {
+            generation: crate::config::generation(),
+            enabled: get_bool(Key::ThreadCache),
+            max_block: get(Key::ThreadCacheMaxBlock).min(MAX_CACHED_BLOCK),
+            max_bytes: get(Key::ThreadCacheBytes),
+        }
+    }
+}
+
 pub struct ThreadCache {
     slots: [Slot; SLOTS],
     bytes: u64,
     flush_epoch: u64,
     tick: u64,
+    limits: Limits,
 }
 
 impl ThreadCache {
@@ -75,6 +96,12 @@ impl ThreadCache {
             bytes: 0,
             flush_epoch: FLUSH_EPOCH.load(Relaxed),
             tick: 0,
+            limits: Limits {
+                generation: 0,
+                enabled: false,
+                max_block: 0,
+                max_bytes: 0,
+            },
         }
     }
 
@@ -110,13 +137,14 @@ impl ThreadCache {
     /// is off for this block or full: then the caller gives it to the pool.
     #[inline]
     pub fn put(&mut self, pool: u16, stream: StreamRef, idx: BlockIdx, size: u64) -> bool {
-        let limit =
-            crate::config::get(crate::config::Key::ThreadCacheMaxBlock).min(MAX_CACHED_BLOCK);
-        if size > limit || !crate::config::get_bool(crate::config::Key::ThreadCache) {
+        if self.limits.generation != crate::config::generation() {
+            self.limits = Limits::read();
+        }
+        if size > self.limits.max_block || !self.limits.enabled {
             return false;
         }
         self.check_flush_request();
-        if self.bytes + size > crate::config::get(crate::config::Key::ThreadCacheBytes) {
+        if self.bytes + size > self.limits.max_bytes {
             return false;
         }
         self.tick += 1;

@@ -718,7 +718,7 @@ impl DevicePool {
             // Batch full: record one fence for all of them now, so they are reusable by the
             // time the next miss looks (recording costs ~0.2 µs; no wait).
             if let Ok(_ev) = self.events.try_lock() {
-                let _ = self.seal();
+                self.seal();
             }
         }
     }
@@ -734,8 +734,7 @@ impl DevicePool {
     /// (the driver does not validate handles: recording on a dead one is a use after
     /// free). A context fence needs no handle and covers all streams at once. Caller holds
     /// `self.events`.
-    /// Returns the clock value of the fence it recorded, if it recorded one.
-    fn seal(&self) -> Option<u64> {
+    fn seal(&self) {
         let epoch = {
             let mut sh = self.shared.lock();
             let covered = sh.fence_sealed;
@@ -748,7 +747,7 @@ impl DevicePool {
             let unsealed = newest(&sh.fence_queue) > covered
                 || sh.streams.iter().any(|st| newest(&st.age) > covered);
             if !unsealed {
-                return None;
+                return;
             }
             let epoch = sh.clock;
             sh.clock += 1;
@@ -761,12 +760,8 @@ impl DevicePool {
                 sh.fence_sealed = epoch;
                 sh.unsealed_fence_blocks = 0;
                 sh.slow.fences += 1;
-                Some(epoch)
             }
-            Err(e) => {
-                crate::log::debug(&format!("cupool: context fence failed: {e:?}"));
-                None
-            }
+            Err(e) => crate::log::debug(&format!("cupool: context fence failed: {e:?}")),
         }
     }
 
@@ -775,16 +770,11 @@ impl DevicePool {
     fn advance(&self, mode: Advance) -> bool {
         // A panic elsewhere cannot leave the guarded data (there is none) inconsistent.
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        let just_recorded = self.seal();
-        // Newest first: a completed fence implies every older one. When polling, the fence
-        // recorded a moment ago is skipped: on a GPU it has not completed yet (querying a
-        // context fence costs about a microsecond), and older ones may have.
+        self.seal();
+        // Newest first: a completed fence implies every older one.
         let fences: Vec<Recorded> = self.shared.lock().fences.iter().rev().copied().collect();
         let mut done = 0;
         for &(ev, e) in &fences {
-            if mode == Advance::SealAndPoll && Some(e) == just_recorded && fences.len() > 1 {
-                continue;
-            }
             let complete = match mode {
                 Advance::SealAndWait => self.backend.wait_event(self.ctx.id, ev).is_ok(),
                 Advance::SealAndPoll => self

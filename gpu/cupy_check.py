@@ -5,24 +5,13 @@ preload's driver-level hooks must. Runs CuPy's default memory pool and then no p
 (every array a driver allocation). Stdout is compared with and without the preload; the
 pool's stats go to stderr.
 """
-import ctypes
+import os
 import sys
 
 import cupy
 
-
-def pool_stats_to_stderr(label):
-    try:
-        fn = ctypes.CDLL(None).cupool_stats_json
-    except AttributeError:
-        print(f"CUPOOL_STATS {label} absent", file=sys.stderr)
-        return
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
-    buf = ctypes.create_string_buffer(8192)
-    needed = ctypes.c_size_t(0)
-    status = fn(-1, buf, len(buf), ctypes.byref(needed))
-    print(f"CUPOOL_STATS {label} {buf.value.decode() if status == 0 else 'error %d' % status}",
-          file=sys.stderr)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pool_stats import pool_stats_to_stderr  # noqa: E402
 
 
 def workload(tag):

@@ -5,7 +5,6 @@
   torch_train.py steptime   median step time of a 6-layer MLP (batch 64) after warm-up:
                             BENCH torch_step <label> 0 median_ms=.. p90_ms=..
 """
-import ctypes
 import os
 import statistics
 import sys
@@ -14,20 +13,8 @@ import time
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import torch  # noqa: E402
 
-
-def pool_stats_to_stderr(label):
-    """Prints the preloaded pool's stats, if the pool is in this process."""
-    try:
-        fn = ctypes.CDLL(None).cupool_stats_json
-    except AttributeError:
-        print(f"CUPOOL_STATS {label} absent", file=sys.stderr)
-        return
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
-    buf = ctypes.create_string_buffer(8192)
-    needed = ctypes.c_size_t(0)
-    status = fn(-1, buf, len(buf), ctypes.byref(needed))
-    text = buf.value.decode() if status == 0 else f"error {status}"
-    print(f"CUPOOL_STATS {label} {text}", file=sys.stderr)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pool_stats import pool_stats_to_stderr  # noqa: E402
 
 
 def mlp(width, depth):

@@ -118,7 +118,7 @@ typedef struct {
   cupool_stat requested_bytes;
   /**
    * Bytes reserved but not handed out: free blocks in the pool, in thread caches, and
-   * freed blocks waiting for their stream event or fence.
+   * freed blocks waiting for their fence.
    */
   cupool_stat cached_bytes;
   /**
@@ -155,7 +155,7 @@ typedef struct {
    */
   uint64_t num_ooms;
   /**
-   * Stream events and context fences recorded to order reuse after frees.
+   * Context fences recorded to order reuse after frees.
    */
   uint64_t fences_recorded;
   /**
@@ -266,7 +266,7 @@ cupool_status cupool_reset_peak_stats(int device);
 
 /**
  * Gives the idle cached memory of every device back to the driver. Blocks still in use,
- * and freed blocks whose fence or stream event has not completed, stay.
+ * and freed blocks whose fence has not completed, stay.
  *
  * `*released_out` receives the bytes released; `released_out` may be NULL.
  *

@@ -326,7 +326,7 @@ pub extern "C" fn cupool_reset_peak_stats(device: c_int) -> CupoolStatus {
 }
 
 /// Gives the idle cached memory of every device back to the driver. Blocks still in use,
-/// and freed blocks whose fence or stream event has not completed, stay.
+/// and freed blocks whose fence has not completed, stay.
 ///
 /// `*released_out` receives the bytes released; `released_out` may be NULL.
 ///

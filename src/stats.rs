@@ -44,7 +44,7 @@ pub struct CupoolStats {
     /// Bytes the program asked for, before rounding, of blocks not yet freed.
     pub requested_bytes: CupoolStat,
     /// Bytes reserved but not handed out: free blocks in the pool, in thread caches, and
-    /// freed blocks waiting for their stream event or fence.
+    /// freed blocks waiting for their fence.
     pub cached_bytes: CupoolStat,
     /// Successful allocations.
     pub num_allocs: u64,
@@ -63,7 +63,7 @@ pub struct CupoolStats {
     pub alloc_retries: u64,
     /// Allocations that failed with out-of-memory after the retry.
     pub num_ooms: u64,
-    /// Stream events and context fences recorded to order reuse after frees.
+    /// Context fences recorded to order reuse after frees.
     pub fences_recorded: u64,
     /// Frees whose stream differed from the allocation's stream (made safe by a fence).
     pub cross_stream_frees: u64,

@@ -9,8 +9,8 @@
 //!   Blocks are 512-byte multiples; adjacent free blocks of a segment merge.
 //! - **size class**: blocks are indexed by class ([`size_class`]), eight per power of two.
 //! - **shared index**: free blocks any stream may take ([`free_index::FreeIndex`]).
-//! - **stream state**: per stream, the blocks freed on it that only it may take until an
-//!   event recorded after their free completes, in free order (its age list).
+//! - **stream state**: per stream, the blocks freed on it that only it may take until a
+//!   context fence recorded after their free completes, in free order (its age list).
 //! - **fence queue**: blocks freed without a stream (or on a foreign stream): nobody may
 //!   take them until a context fence recorded after their free completes.
 //! - **clock / epoch**: a counter of the pool; a freed block is stamped with the clock, and
@@ -20,7 +20,7 @@
 //!
 //! Note [locks]: `shared` (a spin lock) guards the indexes and lists and is held only for
 //! short metadata work, never across a backend call. `events` (a blocking mutex, not a spin
-//! lock) serialises recording and polling of events and fences (so an event is never
+//! lock) serialises recording and polling of context fences (so an event is never
 //! recycled while another thread queries it); it is taken only when a request missed the
 //! cache, on OOM, and by `empty_cache`, and it is the only lock held across backend calls. Order: `events` before
 //! `shared`.
@@ -675,7 +675,7 @@ impl DevicePool {
     // ---------------------------------------------------------------- frees
 
     /// A block freed on stream `s` (directly or flushed from a thread cache): `s` may take
-    /// it at once, other streams once an event recorded after now completes.
+    /// it at once, other streams once a context fence recorded after now completes.
     ///
     /// # Safety
     /// The caller owns every block in `blocks` (taken back from the program or from its
@@ -765,7 +765,7 @@ impl DevicePool {
         }
     }
 
-    /// Seals unsealed frees, polls (or waits for) outstanding events and fences, and moves
+    /// Seals unsealed frees, polls (or waits for) outstanding context fences, and moves
     /// the blocks they cover to the shared index. Returns whether any block moved.
     fn advance(&self, mode: Advance) -> bool {
         // A panic elsewhere cannot leave the guarded data (there is none) inconsistent.

@@ -167,6 +167,15 @@ pub fn mark_exiting() {
     BACKEND_OFF.store(true, Ordering::Relaxed);
 }
 
+/// Before an out-of-memory retry: this thread's cached blocks of `pool` go back at once,
+/// every other thread's at its next call.
+fn flush_before_retry(cache: Option<&mut thread_cache::ThreadCache>, pool: u16) {
+    if let Some(cache) = cache {
+        cache.flush_pool(pool);
+    }
+    thread_cache::request_flush_all();
+}
+
 fn limit_for(device: i32) -> u64 {
     match DEVICE_LIMITS
         .get(device as usize)
@@ -219,14 +228,33 @@ impl Runtime {
     pub fn alloc(&self, size: usize) -> Result<DevicePtr> {
         let rounded = Self::rounded(size)?;
         let pool = self.current_pool()?;
+        Self::alloc_streamless(pool, rounded, size)
+    }
+
+    /// Streamless allocation only in a context the calling thread already has current;
+    /// `Ok(None)` when it has none. For the interposer: a program's `cuMemAlloc` without a
+    /// current context must get the driver's own answer, not a context made for it.
+    pub fn alloc_if_context_current(&self, size: usize) -> Result<Option<DevicePtr>> {
+        let Some(ctx) = self
+            .backend
+            .existing_context()
+            .map_err(CupoolStatus::from)?
+        else {
+            return Ok(None);
+        };
+        let rounded = Self::rounded(size)?;
+        Self::alloc_streamless(self.pool_of(ctx)?, rounded, size).map(Some)
+    }
+
+    fn alloc_streamless(pool: &'static DevicePool, rounded: u64, size: usize) -> Result<DevicePtr> {
         with_thread(|ts, mut cache| {
-            let c = ts.counters(pool.index);
-            pool.alloc_slow(c, rounded, size as u64, None, &mut || {
-                if let Some(cache) = cache.as_deref_mut() {
-                    cache.flush_pool(pool.index);
-                }
-                thread_cache::request_flush_all();
-            })
+            pool.alloc_slow(
+                ts.counters(pool.index),
+                rounded,
+                size as u64,
+                None,
+                &mut || flush_before_retry(cache.as_deref_mut(), pool.index),
+            )
         })
     }
 
@@ -257,10 +285,7 @@ impl Runtime {
                 handle: stream,
             };
             pool.alloc_slow(c, rounded, size as u64, Some(s), &mut || {
-                if let Some(cache) = cache.as_deref_mut() {
-                    cache.flush_pool(pool.index);
-                }
-                thread_cache::request_flush_all();
+                flush_before_retry(cache.as_deref_mut(), pool.index)
             })
         })
     }
@@ -369,17 +394,17 @@ impl Runtime {
         Ok(())
     }
 
-    fn info_of(idx: crate::pool::block::BlockIdx, ptr: DevicePtr) -> Option<BlockInfo> {
-        let b = BLOCKS.try_get(idx)?;
-        if !b.is_allocated_at(ptr) {
+    /// What the pool knows about the live block found by `find_containing`, checked
+    /// through its tag (a block freed meanwhile is not reported).
+    fn info_of(pool: &DevicePool, found: pool::Containing) -> Option<BlockInfo> {
+        let b = BLOCKS.try_get(found.idx)?;
+        if !b.is_allocated_at(found.block_ptr) {
             return None;
         }
         // SAFETY: an allocated block's fields do not change until it is freed; the tag is
-        // checked again below so a block freed meanwhile is not reported.
+        // checked again below.
         let d = unsafe { *b.data() };
-        let pool = pool::pool_by_index(d.pool)?;
-        let (_, seg_base, seg_size) = pool.find_containing(ptr)?;
-        if !b.is_allocated_at(ptr) {
+        if !b.is_allocated_at(found.block_ptr) {
             return None;
         }
         Some(BlockInfo {
@@ -388,27 +413,28 @@ impl Runtime {
             requested: d.requested,
             device: pool.ctx.device,
             context: pool.ctx.id,
-            segment_base: seg_base,
-            segment_size: seg_size,
+            segment_base: found.segment_base,
+            segment_size: found.segment_size,
         })
     }
 
     /// The live block that starts exactly at `ptr`.
     pub fn lookup(&self, ptr: DevicePtr) -> Option<BlockInfo> {
-        Self::info_of(ADDRESSES.get(ptr)?, ptr)
+        let b = BLOCKS.try_get(ADDRESSES.get(ptr)?)?;
+        if !b.is_allocated_at(ptr) {
+            return None;
+        }
+        // SAFETY: allocated: its pool index does not change until it is freed.
+        let pool = pool::pool_by_index(unsafe { b.data() }.pool)?;
+        let found = pool.find_containing(ptr)?;
+        (found.block_ptr == ptr)
+            .then(|| Self::info_of(pool, found))
+            .flatten()
     }
 
     /// The live block that contains `ptr` (interior pointers included).
     pub fn lookup_containing(&self, ptr: DevicePtr) -> Option<BlockInfo> {
-        for p in pool::all_pools() {
-            if let Some((idx, _, _)) = p.find_containing(ptr) {
-                // SAFETY: read under no lock, but only the start address is used, and
-                // `info_of` validates it through the tag.
-                let start = unsafe { BLOCKS.get(idx).data() }.ptr;
-                return Self::info_of(idx, start);
-            }
-        }
-        None
+        pool::all_pools().find_map(|p| Some(Self::info_of(p, p.find_containing(ptr)?)))?
     }
 
     fn check_device(&self, device: Option<i32>) -> Result<()> {

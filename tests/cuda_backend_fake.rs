@@ -417,6 +417,40 @@ fn backend_contexts_and_memory() {
     );
 }
 
+/// `existing_context` (the interposer's view) never initialises the driver or makes a
+/// context current: a program's call without a context keeps getting the driver's answer.
+#[test]
+fn backend_existing_context_creates_nothing() {
+    in_child_with_fake("backend_existing_context_creates_nothing", &[], || {
+        let fake = FakeCuda::loaded().expect("the fake libcuda is on the path");
+        let program = Program::new(&fake);
+        let backend = CudaBackend::new().expect("the backend loads the fake driver");
+        type MemAlloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
+        // SAFETY: the fake's cuMemAlloc_v2 has this signature.
+        let mem_alloc: MemAlloc =
+            unsafe { core::mem::transmute(fake_symbol(&fake, c"cuMemAlloc_v2")) };
+        let mut p = 0u64;
+
+        assert_eq!(
+            backend.existing_context(),
+            Ok(None),
+            "driver not initialised: no context"
+        );
+        // SAFETY: valid out-pointer.
+        assert_eq!(
+            unsafe { mem_alloc(&mut p, 4096) },
+            3,
+            "still CUDA_ERROR_NOT_INITIALIZED"
+        );
+
+        let ctx = backend
+            .current_context()
+            .expect("current_context makes one");
+        assert_eq!(backend.existing_context(), Ok(Some(ctx)));
+        assert_eq!(program.current_context(), ctx.id.0);
+    });
+}
+
 #[test]
 fn backend_current_context_on_many_threads() {
     in_child_with_fake("backend_current_context_on_many_threads", &[], || {

@@ -85,18 +85,14 @@ unsafe fn mem_alloc(dptr: *mut CuDevicePtr, bytesize: usize) -> CuResult {
         // SAFETY: forwarded unchanged.
         return unsafe { real(dptr, bytesize) };
     }
-    // No current context (or driver not initialised): the driver reports it, and the pool
-    // must not make a context current on the program's behalf.
-    if real::current_context().is_none() {
-        // SAFETY: forwarded unchanged.
-        return unsafe { real(dptr, bytesize) };
-    }
     let Some(rt) = lifecycle::runtime() else {
         // SAFETY: forwarded unchanged.
         return unsafe { real(dptr, bytesize) };
     };
-    match enter_pool(|| rt.alloc(bytesize)) {
-        Some(Ok(ptr)) => {
+    // No current context (or driver not initialised): `Ok(None)`, and the driver answers;
+    // the pool never makes a context current on the program's behalf.
+    match enter_pool(|| rt.alloc_if_context_current(bytesize)) {
+        Some(Ok(Some(ptr))) => {
             // SAFETY: non-NULL out-pointer supplied by the caller.
             unsafe { *dptr = ptr };
             CUDA_SUCCESS

@@ -241,6 +241,19 @@ impl Backend for CudaBackend {
         Ok(info)
     }
 
+    fn existing_context(&self) -> BackendResult<Option<ContextInfo>> {
+        let get = required(self.api.ctx_get_current)?;
+        let mut ctx: CUcontext = null_mut();
+        // SAFETY: valid out-pointer. Unlike `raw_current`, a driver that is not initialised
+        // is left so (no cuInit on the program's behalf): it simply has no context.
+        let rc = unsafe { get(&mut ctx) };
+        if rc == code::NOT_INITIALIZED || ctx.is_null() {
+            return Ok(None);
+        }
+        check(rc)?;
+        self.describe_current(ctx).map(Some)
+    }
+
     fn device_context(&self, device: i32) -> BackendResult<ContextInfo> {
         if device < 0 {
             return Err(BackendError::InvalidValue);

@@ -218,6 +218,11 @@ impl Backend for HostBackend {
             }))
     }
 
+    /// A host thread always has a context (device 0's unless a test made another current).
+    fn existing_context(&self) -> BackendResult<Option<ContextInfo>> {
+        self.current_context().map(Some)
+    }
+
     fn device_context(&self, device: i32) -> BackendResult<ContextInfo> {
         if !(0..HOST_DEVICES).contains(&device) {
             return Err(BackendError::InvalidValue);

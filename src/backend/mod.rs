@@ -92,6 +92,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Called on every allocation: must be cheap (a thread-local read in the driver).
     fn current_context(&self) -> BackendResult<ContextInfo>;
 
+    /// The calling thread's current context if it has one; never creates or changes one
+    /// (the interposer must not make a context current on a program's behalf). As cheap
+    /// as [`Backend::current_context`].
+    fn existing_context(&self) -> BackendResult<Option<ContextInfo>>;
+
     /// The context of `device`'s primary context (retained on first use), for calls that
     /// name a device rather than run in the current context.
     fn device_context(&self, device: i32) -> BackendResult<ContextInfo>;

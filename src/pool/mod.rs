@@ -83,6 +83,18 @@ pub struct StreamRef {
     pub handle: StreamHandle,
 }
 
+/// One allocation as the slow path sees it.
+#[derive(Copy, Clone, Debug)]
+struct Request {
+    /// Rounded size.
+    size: u64,
+    /// What the program asked for.
+    requested: u64,
+    kind: SegmentKind,
+    /// The stream for stream-ordered allocations, `None` for streamless ones.
+    stream: Option<StreamRef>,
+}
+
 /// The pool with index `i`, if created.
 #[inline]
 pub fn pool_by_index(i: u16) -> Option<&'static DevicePool> {
@@ -361,17 +373,22 @@ impl DevicePool {
         stream: Option<StreamRef>,
         flush_own_cache: &mut dyn FnMut(),
     ) -> Result<u64> {
-        let kind = Self::kind_for(size);
-        if let Some(ptr) = self.try_fit(c, size, requested, kind, stream) {
+        let req = Request {
+            size,
+            requested,
+            kind: Self::kind_for(size),
+            stream,
+        };
+        if let Some(ptr) = self.try_fit(c, req) {
             return Ok(ptr);
         }
         if self.may_order() && self.advance(Advance::SealAndPoll) {
-            if let Some(ptr) = self.try_fit(c, size, requested, kind, stream) {
+            if let Some(ptr) = self.try_fit(c, req) {
                 return Ok(ptr);
             }
         }
         self.shared.lock().slow.misses += 1;
-        match self.grow_and_carve(c, size, requested, kind, stream) {
+        match self.grow_and_carve(c, req) {
             Ok(ptr) => return Ok(ptr),
             Err(CupoolStatus::CupoolErrorOutOfMemory) => {}
             Err(e) => return Err(e),
@@ -385,40 +402,30 @@ impl DevicePool {
         flush_own_cache();
         if self.may_order() {
             self.advance(Advance::SealAndWait);
-            if let Some(ptr) = self.try_fit(c, size, requested, kind, stream) {
+            if let Some(ptr) = self.try_fit(c, req) {
                 return Ok(ptr);
             }
             self.release_idle_segments(c);
         }
-        match self.grow_and_carve(c, size, requested, kind, stream) {
-            Ok(ptr) => Ok(ptr),
-            Err(e) => {
-                if e == CupoolStatus::CupoolErrorOutOfMemory {
-                    self.shared.lock().slow.ooms += 1;
-                    crate::log::info(&format!(
-                        "cupool: device {} out of memory: {size} bytes requested",
-                        self.ctx.device
-                    ));
-                }
-                Err(e)
-            }
+        let result = self.grow_and_carve(c, req);
+        if result == Err(CupoolStatus::CupoolErrorOutOfMemory) {
+            self.shared.lock().slow.ooms += 1;
+            crate::log::info(&format!(
+                "cupool: device {} out of memory: {size} bytes requested",
+                self.ctx.device
+            ));
         }
+        result
     }
 
     /// Takes a fitting free block the caller may use, from its stream's own frees first,
     /// then from the shared index.
-    fn try_fit(
-        &self,
-        c: &ThreadCounters,
-        size: u64,
-        requested: u64,
-        kind: SegmentKind,
-        stream: Option<StreamRef>,
-    ) -> Option<u64> {
+    fn try_fit(&self, c: &ThreadCounters, req: Request) -> Option<u64> {
+        let Request { size, kind, .. } = req;
         let mut sh = self.shared.lock();
         // SAFETY: pool lock held for every record touched below.
         unsafe {
-            if let Some(s) = stream {
+            if let Some(s) = req.stream {
                 if let Some(&pos) = sh.stream_pos.get(&s.id) {
                     let st = &mut sh.streams[pos];
                     if let Some(idx) = st.index(kind).find(&BLOCKS, size) {
@@ -432,7 +439,7 @@ impl DevicePool {
                             None => st.age.remove(&BLOCKS, idx),
                         }
                         drop(sh);
-                        return Some(self.hand_out(c, idx, requested, stream));
+                        return Some(self.hand_out(c, idx, req));
                     }
                 }
             }
@@ -444,7 +451,7 @@ impl DevicePool {
                 self.insert_shared(&mut sh, rest);
             }
             drop(sh);
-            Some(self.hand_out(c, idx, requested, stream))
+            Some(self.hand_out(c, idx, req))
         }
     }
 
@@ -496,22 +503,16 @@ impl DevicePool {
     }
 
     /// Marks `idx` as handed to the program and does its bookkeeping.
-    fn hand_out(
-        &self,
-        c: &ThreadCounters,
-        idx: BlockIdx,
-        requested: u64,
-        stream: Option<StreamRef>,
-    ) -> u64 {
+    fn hand_out(&self, c: &ThreadCounters, idx: BlockIdx, req: Request) -> u64 {
         let b = BLOCKS.get(idx);
         // SAFETY: the caller took `idx` out of every list; nobody else refers to it.
         let d = unsafe { b.data() };
         d.place = Place::Allocated;
-        d.requested = requested;
-        d.stream = stream.map_or(STREAMLESS, |s| s.id);
-        d.handle = stream.map_or(0, |s| s.handle as u64);
+        d.requested = req.requested;
+        d.stream = req.stream.map_or(STREAMLESS, |s| s.id);
+        d.handle = req.stream.map_or(0, |s| s.handle as u64);
         let (ptr, size) = (d.ptr, d.size);
-        self.note_allocated(c, size, requested);
+        self.note_allocated(c, size, req.requested);
         b.publish_allocated(ptr);
         ptr
     }
@@ -561,14 +562,7 @@ impl DevicePool {
 
     /// Gets a new segment from the backend (no lock held during the call) and carves the
     /// block from it.
-    fn grow_and_carve(
-        &self,
-        c: &ThreadCounters,
-        size: u64,
-        requested: u64,
-        kind: SegmentKind,
-        stream: Option<StreamRef>,
-    ) -> Result<u64> {
+    fn grow_and_carve(&self, c: &ThreadCounters, req: Request) -> Result<u64> {
         if self.capturing() {
             // A fence, sync or driver allocation now could invalidate the capture; the
             // interposer hands the request to the driver unchanged.
@@ -577,55 +571,43 @@ impl DevicePool {
         if BACKEND_OFF.load(Ordering::Relaxed) {
             return Err(CupoolStatus::CupoolErrorBackendUnavailable);
         }
-        let standard = self.segment_size_for(size, kind);
-        let minimal = match kind {
+        // The usual segment first; for a large block that does not fit (memory limit or
+        // driver OOM), a segment of just the block's size.
+        let standard = self.segment_size_for(req.size, req.kind);
+        let minimal = match req.kind {
             SegmentKind::Small => standard,
-            SegmentKind::Large => size.div_ceil(SEGMENT_GRANULE) * SEGMENT_GRANULE,
+            SegmentKind::Large => req.size.div_ceil(SEGMENT_GRANULE) * SEGMENT_GRANULE,
         };
-        let mut last = CupoolStatus::CupoolErrorOutOfMemory;
-        for seg_size in [standard, minimal] {
-            if seg_size == minimal
-                && standard == minimal
-                && last != CupoolStatus::CupoolErrorOutOfMemory
-            {
-                break;
-            }
+        let candidates: &[u64] = if minimal < standard {
+            &[standard, minimal]
+        } else {
+            &[standard]
+        };
+        for &seg_size in candidates {
             let limit = self.limit();
-            if limit != 0 && self.shared.lock().reserved + seg_size > limit {
-                last = CupoolStatus::CupoolErrorOutOfMemory;
-                if seg_size == minimal {
-                    break;
-                }
+            if limit != 0 && self.reserved() + seg_size > limit {
                 continue;
             }
             match self.backend.allocate(self.ctx.id, seg_size) {
-                Ok(ptr) => {
-                    return self.adopt_segment(c, ptr, seg_size, size, requested, kind, stream)
-                }
-                Err(BackendError::OutOfMemory) => last = CupoolStatus::CupoolErrorOutOfMemory,
+                Ok(ptr) => return self.adopt_segment(c, ptr, seg_size, req),
+                Err(BackendError::OutOfMemory) => {}
                 Err(e) => {
                     crate::log::info(&format!("cupool: segment allocation failed: {e:?}"));
                     return Err(e.into());
                 }
             }
-            if standard == minimal {
-                break;
-            }
         }
-        Err(last)
+        Err(CupoolStatus::CupoolErrorOutOfMemory)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn adopt_segment(
         &self,
         c: &ThreadCounters,
         ptr: u64,
         seg_size: u64,
-        size: u64,
-        requested: u64,
-        kind: SegmentKind,
-        stream: Option<StreamRef>,
+        req: Request,
     ) -> Result<u64> {
+        let Request { size, kind, .. } = req;
         if ptr % ALIGNMENT != 0 || ptr >= address_map::ADDRESS_LIMIT {
             // Never seen from CUDA; refuse rather than hand out memory we cannot track.
             let _ = self.backend.release(self.ctx.id, ptr, seg_size);
@@ -669,7 +651,7 @@ impl DevicePool {
             }
         }
         drop(sh);
-        Ok(self.hand_out(c, idx, requested, stream))
+        Ok(self.hand_out(c, idx, req))
     }
 
     // ---------------------------------------------------------------- frees
@@ -918,8 +900,8 @@ impl DevicePool {
         self.reserved().saturating_sub(allocated)
     }
 
-    /// The segment containing `ptr` and the block of it that contains `ptr`.
-    pub fn find_containing(&self, ptr: u64) -> Option<(BlockIdx, u64, u64)> {
+    /// The block of this pool that contains `ptr`, and its segment.
+    pub fn find_containing(&self, ptr: u64) -> Option<Containing> {
         let sh = self.shared.lock();
         let (&base, &head) = sh.segments.range(..=ptr).next_back()?;
         // SAFETY: pool lock held; records of this pool are only changed under it (an
@@ -933,7 +915,12 @@ impl DevicePool {
             while idx != NIL {
                 let d = BLOCKS.get(idx).data();
                 if ptr >= d.ptr && ptr < d.ptr + d.size {
-                    return Some((idx, base, seg_size));
+                    return Some(Containing {
+                        idx,
+                        block_ptr: d.ptr,
+                        segment_base: base,
+                        segment_size: seg_size,
+                    });
                 }
                 idx = d.seg_next;
             }
@@ -1063,6 +1050,17 @@ impl DevicePool {
         }
         Ok(report)
     }
+}
+
+/// A block found by address, with the segment it belongs to
+/// ([`DevicePool::find_containing`]).
+#[derive(Copy, Clone, Debug)]
+pub struct Containing {
+    pub idx: BlockIdx,
+    /// Start of the block (read under the pool lock).
+    pub block_ptr: u64,
+    pub segment_base: u64,
+    pub segment_size: u64,
 }
 
 /// Bytes by place, from [`DevicePool::check_invariants`].

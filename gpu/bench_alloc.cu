@@ -45,34 +45,108 @@ struct Malloc {
   static bench::Costs costs() { return bench::slow_costs(); }
 };
 
-// What the driver calls on cupool's hot path cost by themselves (cupool calls
-// cuCtxGetCurrent once per allocation and cuStreamGetId once per stream-ordered call).
+// What the driver calls on cupool's paths cost by themselves, measured in the same run:
+// cuCtxGetCurrent (once per allocation), cuStreamGetId (once per stream-ordered call), and
+// what a context fence costs (record, first and later queries), which bounds the streamless
+// path whenever a freed block must be fenced before its reuse.
+typedef CUresult (*get_current_fn)(CUcontext *);
+typedef CUresult (*stream_id_fn)(CUstream, unsigned long long *);
+typedef CUresult (*is_capturing_fn)(CUstream, CUstreamCaptureStatus *);
+typedef CUresult (*ctx_record_fn)(CUcontext, CUevent);
+typedef CUresult (*event_record_fn)(CUevent, CUstream);
+typedef CUresult (*event_query_fn)(CUevent);
+typedef CUresult (*event_create_fn)(CUevent *, unsigned);
+typedef CUresult (*no_arg_fn)(void);
+typedef CUresult (*stream_fn)(CUstream);
+
+static void *driver_entry(const char *name, int version) {
+  void *fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &q) != cudaSuccess) return nullptr;
+  return q == cudaDriverEntryPointSuccess ? fn : nullptr;
+}
+
+// Median ns of one call, timed in 200 batches of 1000.
+template <class F>
+static double batched_call_ns(F call) {
+  std::vector<double> t;
+  for (int r = 0; r < 200; r++) {
+    double t0 = bench::now_ns();
+    for (int i = 0; i < 1000; i++) call();
+    t.push_back((bench::now_ns() - t0) / 1000);
+  }
+  return bench::summarize(t).median;
+}
+
+// Record-then-query cycles, each step timed alone (a record cannot be batched without
+// changing what the query sees): median ns of the record, the first query and a second one.
+template <class Record>
+static void fence_cycle_costs(const char *label, Record record, event_query_fn query, CUevent ev) {
+  std::vector<double> rec, q1, q2;
+  for (int i = 0; i < 3000; i++) {
+    double a = bench::now_ns();
+    if (record(ev) != CUDA_SUCCESS) return;
+    double b = bench::now_ns();
+    query(ev);
+    double c = bench::now_ns();
+    query(ev);
+    double d = bench::now_ns();
+    rec.push_back(b - a);
+    q1.push_back(c - b);
+    q2.push_back(d - c);
+  }
+  printf("BENCH driver_call %s_record median_ns=%.1f\n", label, bench::summarize(rec).median);
+  printf("BENCH driver_call %s_first_query median_ns=%.1f\n", label, bench::summarize(q1).median);
+  printf("BENCH driver_call %s_second_query median_ns=%.1f\n", label, bench::summarize(q2).median);
+}
+
 static void driver_call_costs() {
-  typedef CUresult (*get_current_fn)(CUcontext *);
-  typedef CUresult (*stream_id_fn)(CUstream, unsigned long long *);
-  void *a = nullptr, *b = nullptr;
-  cudaDriverEntryPointQueryResult qa, qb;
-  if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &a, 4000, cudaEnableDefault, &qa) != cudaSuccess ||
-      cudaGetDriverEntryPointByVersion("cuStreamGetId", &b, 12000, cudaEnableDefault, &qb) != cudaSuccess || !a || !b)
-    return;
+  auto get_current = (get_current_fn)driver_entry("cuCtxGetCurrent", 4000);
+  auto stream_id = (stream_id_fn)driver_entry("cuStreamGetId", 12000);
+  auto is_capturing = (is_capturing_fn)driver_entry("cuStreamIsCapturing", 10000);
+  auto ctx_record = (ctx_record_fn)driver_entry("cuCtxRecordEvent", 12050);
+  auto event_record = (event_record_fn)driver_entry("cuEventRecord", 2000);
+  auto event_query = (event_query_fn)driver_entry("cuEventQuery", 2000);
+  auto event_create = (event_create_fn)driver_entry("cuEventCreate", 2000);
+  auto event_sync = (event_query_fn)driver_entry("cuEventSynchronize", 2000);
+  auto ctx_sync = (no_arg_fn)driver_entry("cuCtxSynchronize", 2000);
+  auto stream_query = (stream_fn)driver_entry("cuStreamQuery", 2000);
+  if (!get_current || !stream_id) return;
   cudaStream_t s;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return;
-  std::vector<double> t1, t2;
-  for (int r = 0; r < 200; r++) {
-    CUcontext c;
-    unsigned long long id;
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 1000; i++) ((get_current_fn)a)(&c);
-    auto t1_ = std::chrono::steady_clock::now();
-    for (int i = 0; i < 1000; i++) ((stream_id_fn)b)((CUstream)s, &id);
-    auto t2_ = std::chrono::steady_clock::now();
-    t1.push_back(std::chrono::duration<double, std::nano>(t1_ - t0).count() / 1000);
-    t2.push_back(std::chrono::duration<double, std::nano>(t2_ - t1_).count() / 1000);
+  CUcontext ctx = nullptr;
+  get_current(&ctx);
+  printf("BENCH driver_call cuCtxGetCurrent median_ns=%.1f\n", batched_call_ns([&] {
+           CUcontext c;
+           get_current(&c);
+         }));
+  printf("BENCH driver_call cuStreamGetId median_ns=%.1f\n", batched_call_ns([&] {
+           unsigned long long id;
+           stream_id((CUstream)s, &id);
+         }));
+  if (is_capturing)
+    printf("BENCH driver_call cuStreamIsCapturing_legacy median_ns=%.1f\n", batched_call_ns([&] {
+             CUstreamCaptureStatus st;
+             is_capturing(CU_STREAM_LEGACY, &st);
+           }));
+  CUevent ev;
+  if (event_create && event_query && event_create(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+    if (ctx_record) fence_cycle_costs("ctx_fence", [&](CUevent e) { return ctx_record(ctx, e); }, event_query, ev);
+    if (event_record)
+      fence_cycle_costs("legacy_event", [&](CUevent e) { return event_record(e, CU_STREAM_LEGACY); }, event_query, ev);
+    // Other ways to learn that an idle device has nothing in flight.
+    if (ctx_record && event_sync) {
+      ctx_record(ctx, ev);
+      event_sync(ev);
+      printf("BENCH driver_call cuEventSynchronize_completed median_ns=%.1f\n",
+             batched_call_ns([&] { event_sync(ev); }));
+    }
   }
-  std::sort(t1.begin(), t1.end());
-  std::sort(t2.begin(), t2.end());
-  printf("BENCH driver_call cuCtxGetCurrent median_ns=%.1f\n", t1[t1.size() / 2]);
-  printf("BENCH driver_call cuStreamGetId median_ns=%.1f\n", t2[t2.size() / 2]);
+  if (ctx_sync)
+    printf("BENCH driver_call cuCtxSynchronize_idle median_ns=%.1f\n", batched_call_ns([&] { ctx_sync(); }));
+  if (stream_query)
+    printf("BENCH driver_call cuStreamQuery_legacy_idle median_ns=%.1f\n",
+           batched_call_ns([&] { stream_query(CU_STREAM_LEGACY); }));
   cudaStreamDestroy(s);
 }
 

@@ -2,10 +2,26 @@
 // pool (the program cannot tell which, except through the exported query). Lines:
 //   BENCH preload_pair <label> <size> median_ns=.. p99_ns=..
 // Usage: preload_bench LABEL
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include <algorithm>
 #include <vector>
 
 #include "common.cuh"
+
+// One counter of the preloaded pool's statistics (all devices), -1 without the preload.
+static long long pool_counter(const char *key) {
+  typedef int (*stats_json_fn)(int, char *, size_t, size_t *);
+  static stats_json_fn stats_json = (stats_json_fn)dlsym(RTLD_DEFAULT, "cupool_stats_json");
+  static char buf[4096];
+  if (!stats_json || stats_json(-1, buf, sizeof buf, nullptr) != 0) return -1;
+  char quoted[64];
+  snprintf(quoted, sizeof quoted, "\"%s\":", key);
+  const char *at = strstr(buf, quoted);
+  return at ? atoll(at + strlen(quoted)) : -1;
+}
 
 int main(int argc, char **argv) {
   const char *label = argc > 1 ? argv[1] : "run";
@@ -22,6 +38,7 @@ int main(int argc, char **argv) {
     bool slow = (now_ns() - t0) / 20 > 5000.0;
     const int batch = slow ? 5 : 1000, repeats = slow ? 60 : 200;
     std::vector<double> per_pair;
+    long long fences0 = pool_counter("fences_recorded"), grows0 = pool_counter("device_allocs");
     for (int r = 0; r < repeats; r++) {
       double t0 = now_ns();
       for (int i = 0; i < batch; i++) {
@@ -34,6 +51,11 @@ int main(int argc, char **argv) {
     std::sort(per_pair.begin(), per_pair.end());
     printf("BENCH preload_pair %s %zu median_ns=%.1f p99_ns=%.1f batch=%d repeats=%d\n", label, n,
            per_pair[per_pair.size() / 2], per_pair[(size_t)(0.99 * (per_pair.size() - 1))], batch, repeats);
+    // Why a pooled pair costs what it does: context fences and segment allocations per pair.
+    if (fences0 >= 0)
+      printf("INFO preload_pair %s %zu fences_per_pair=%.3f device_allocs=%lld\n", label, n,
+             (double)(pool_counter("fences_recorded") - fences0) / (batch * repeats),
+             pool_counter("device_allocs") - grows0);
   }
   return 0;
 }

@@ -2,8 +2,9 @@
 
   torch_train.py losses     50 deterministic training steps of a small MLP; prints losses
                             (6 digits) on stdout, the preloaded pool's stats on stderr.
-  torch_train.py steptime   median step time of a 6-layer MLP (batch 64) after warm-up:
-                            BENCH torch_step <label> 0 median_ms=.. p90_ms=..
+  torch_train.py steptime LABEL [ROUND]
+                            median step time of a 6-layer MLP (batch 64) after warm-up:
+                            BENCH torch_step <label> <round> median_ms=.. p90_ms=..
 """
 import os
 import statistics
@@ -44,7 +45,7 @@ def losses():
     pool_stats_to_stderr("torch_losses")
 
 
-def steptime(label):
+def steptime(label, round_no):
     torch.manual_seed(0)
     model = mlp(1024, 6)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -66,8 +67,13 @@ def steptime(label):
         step()
         times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
-    print(f"BENCH torch_step {label} 0 median_ms={statistics.median(times):.4f} "
-          f"p90_ms={times[int(0.9 * (len(times) - 1))]:.4f} steps={len(times)}")
+
+    def pct(q):
+        return times[int(q * (len(times) - 1))]
+
+    print(f"BENCH torch_step {label} {round_no} median_ms={statistics.median(times):.4f} "
+          f"p90_ms={pct(0.9):.4f} min_ms={times[0]:.4f} p10_ms={pct(0.1):.4f} "
+          f"p25_ms={pct(0.25):.4f} p75_ms={pct(0.75):.4f} max_ms={times[-1]:.4f} steps={len(times)}")
     pool_stats_to_stderr(f"torch_step_{label}")
 
 
@@ -76,6 +82,6 @@ if __name__ == "__main__":
     if mode == "losses":
         losses()
     elif mode == "steptime":
-        steptime(sys.argv[2] if len(sys.argv) > 2 else "run")
+        steptime(sys.argv[2] if len(sys.argv) > 2 else "run", int(sys.argv[3]) if len(sys.argv) > 3 else 0)
     else:
         sys.exit(f"unknown mode {mode}")

@@ -61,6 +61,8 @@ pub fn runtime() -> Option<&'static Runtime> {
         None => cupool::runtime::runtime().ok()?,
     };
     if !POOL_STARTED.load(Relaxed) {
+        // The capture hooks (capture.rs) see every capture begin and end.
+        rt.captures_reported_by_caller();
         POOL_STARTED.store(true, Relaxed);
     }
     Some(rt)
@@ -74,7 +76,10 @@ pub fn runtime_if_started() -> Option<&'static Runtime> {
     }
     let rt = cupool::runtime::runtime_if_started()?;
     register_handlers_once();
-    POOL_STARTED.store(true, Relaxed);
+    if !POOL_STARTED.load(Relaxed) {
+        rt.captures_reported_by_caller();
+        POOL_STARTED.store(true, Relaxed);
+    }
     Some(rt)
 }
 

@@ -56,6 +56,9 @@ pub struct CudaBackend {
     primary: [AtomicU64; MAX_DEVICES],
     events: spin::Mutex<IdleEvents>,
     fence_fallback_logged: AtomicBool,
+    /// Set when the caller reports every capture (see
+    /// [`Backend::captures_reported_by_caller`]): fences skip the driver probe for one.
+    captures_reported: AtomicBool,
 }
 
 impl CudaBackend {
@@ -83,6 +86,7 @@ impl CudaBackend {
             primary: core::array::from_fn(|_| AtomicU64::new(0)),
             events: spin::Mutex::new(IdleEvents::default()),
             fence_fallback_logged: AtomicBool::new(false),
+            captures_reported: AtomicBool::new(false),
         })
     }
 
@@ -192,6 +196,9 @@ impl CudaBackend {
     /// Whether a capture on a blocking stream of the current context is in progress, as far
     /// as the driver can tell without side effects (see Note [context fences and capture]).
     fn blocking_capture_in_progress(&self) -> bool {
+        if self.captures_reported.load(Ordering::Relaxed) {
+            return false;
+        }
         let Some(is_capturing) = self.api.stream_is_capturing else {
             return false;
         };
@@ -360,6 +367,10 @@ impl Backend for CudaBackend {
                 }
             }
         })
+    }
+
+    fn captures_reported_by_caller(&self) {
+        self.captures_reported.store(true, Ordering::Relaxed);
     }
 
     fn event_completed(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<bool> {

@@ -48,6 +48,8 @@ struct State {
     pub releases: u64,
     pub events_recorded: u64,
     pub fences_recorded: u64,
+    /// Completion queries answered, per context.
+    queries: HashMap<u64, u64>,
     fail_next_alloc: Option<BackendError>,
 }
 
@@ -90,6 +92,7 @@ impl HostBackend {
                 releases: 0,
                 events_recorded: 0,
                 fences_recorded: 0,
+                queries: HashMap::new(),
                 fail_next_alloc: None,
             }),
         }
@@ -141,6 +144,29 @@ impl HostBackend {
                 *done = true;
             }
         }
+    }
+
+    /// Completes the `n` oldest events of `ctx` still in flight, as a device that has run
+    /// only part of the context's work.
+    pub fn complete_oldest(&self, ctx: ContextId, n: usize) {
+        let mut s = self.state.lock();
+        let mut pending: Vec<u64> = s
+            .events
+            .iter()
+            .filter(|(_, (c, done))| *c == ctx.0 && !done)
+            .map(|(&id, _)| id)
+            .collect();
+        pending.sort_unstable();
+        for id in pending.into_iter().take(n) {
+            if let Some(e) = s.events.get_mut(&id) {
+                e.1 = true;
+            }
+        }
+    }
+
+    /// Completion queries answered so far for events of `ctx`.
+    pub fn queries(&self, ctx: ContextId) -> u64 {
+        self.state.lock().queries.get(&ctx.0).copied().unwrap_or(0)
     }
 
     /// Events recorded and not yet completed in `ctx`.
@@ -303,12 +329,10 @@ impl Backend for HostBackend {
     }
 
     fn event_completed(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<bool> {
-        self.state
-            .lock()
-            .events
-            .get(&event.0)
-            .map(|&(_, done)| done)
-            .ok_or(BackendError::InvalidValue)
+        let mut s = self.state.lock();
+        let &(ctx, done) = s.events.get(&event.0).ok_or(BackendError::InvalidValue)?;
+        *s.queries.entry(ctx).or_default() += 1;
+        Ok(done)
     }
 
     fn wait_event(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<()> {

@@ -127,6 +127,11 @@ pub trait Backend: Send + Sync + 'static {
     /// tell one is in progress.
     fn record_context_fence(&self, ctx: ContextId) -> BackendResult<EventHandle>;
 
+    /// The caller sees every stream capture of the process begin and end (the interposer
+    /// hooks them) and never asks for a fence during one: a backend that probes the driver
+    /// for captures before each fence may stop doing so.
+    fn captures_reported_by_caller(&self) {}
+
     /// Whether the event has completed (`cuEventQuery`). Never blocks.
     fn event_completed(&self, ctx: ContextId, event: EventHandle) -> BackendResult<bool>;
 

@@ -69,6 +69,10 @@ pub const SMALL_MAX: u64 = 1 << 20;
 const LARGE_SPLIT_MIN: u64 = 1 << 20;
 /// Granularity of large segments (the driver's own).
 const SEGMENT_GRANULE: u64 = 2 << 20;
+/// Context fences outstanding at most before a poll stops recording new ones (each costs
+/// an event and ~0.2-0.7 µs to record; while the device is this far behind, a new one
+/// would not complete before the outstanding ones).
+const MAX_OUTSTANDING_FENCES: usize = 64;
 
 /// A pool's limit value meaning "use the `memory_limit` option".
 pub const LIMIT_FROM_CONFIG: u64 = u64::MAX;
@@ -214,6 +218,21 @@ impl Shared {
 
 /// An event or fence and the clock value it covers.
 type Recorded = (EventHandle, u64);
+
+/// The context fences outstanding after a seal.
+struct Outstanding {
+    count: usize,
+    newest: Option<Recorded>,
+}
+
+impl Outstanding {
+    fn of(sh: &Shared) -> Self {
+        Outstanding {
+            count: sh.fences.len(),
+            newest: sh.fences.back().copied(),
+        }
+    }
+}
 
 /// Which work a fence-advance pass may do.
 #[derive(Copy, Clone, PartialEq, Eq)]
@@ -700,7 +719,7 @@ impl DevicePool {
             // Batch full: record one fence for all of them now, so they are reusable by the
             // time the next miss looks (recording costs ~0.2 µs; no wait).
             if let Ok(_ev) = self.events.try_lock() {
-                self.seal();
+                self.seal(Advance::SealAndPoll);
             }
         }
     }
@@ -716,9 +735,15 @@ impl DevicePool {
     /// (the driver does not validate handles: recording on a dead one is a use after
     /// free). A context fence needs no handle and covers all streams at once. Caller holds
     /// `self.events`.
-    fn seal(&self) {
+    fn seal(&self, mode: Advance) -> Outstanding {
         let epoch = {
             let mut sh = self.shared.lock();
+            let outstanding = Outstanding::of(&sh);
+            if mode == Advance::SealAndPoll && sh.fences.len() >= MAX_OUTSTANDING_FENCES {
+                // The device is far behind: one more fence would not complete sooner than
+                // the outstanding ones, and the blocks simply wait for a later one.
+                return outstanding;
+            }
             let covered = sh.fence_sealed;
             // SAFETY (closure): pool lock held; stamps grow along each FIFO, so its newest
             // block tells whether anything in it is unsealed.
@@ -729,15 +754,16 @@ impl DevicePool {
             let unsealed = newest(&sh.fence_queue) > covered
                 || sh.streams.iter().any(|st| newest(&st.age) > covered);
             if !unsealed {
-                return;
+                return outstanding;
             }
             let epoch = sh.clock;
             sh.clock += 1;
             epoch
         };
-        match self.backend.record_context_fence(self.ctx.id) {
+        let recorded = self.backend.record_context_fence(self.ctx.id);
+        let mut sh = self.shared.lock();
+        match recorded {
             Ok(ev) => {
-                let mut sh = self.shared.lock();
                 sh.fences.push_back((ev, epoch));
                 sh.fence_sealed = epoch;
                 sh.unsealed_fence_blocks = 0;
@@ -745,52 +771,100 @@ impl DevicePool {
             }
             Err(e) => crate::log::debug(&format!("cupool: context fence failed: {e:?}")),
         }
+        Outstanding::of(&sh)
     }
 
     /// Seals unsealed frees, polls (or waits for) outstanding context fences, and moves
     /// the blocks they cover to the shared index. Returns whether any block moved.
+    ///
+    /// This is the streamless path's cost whenever a freed block must be fenced before its
+    /// reuse, so it takes the pool lock as few times as it can: once before and once after
+    /// recording, once to retire fences and drain; more only in a binary search.
     fn advance(&self, mode: Advance) -> bool {
         // A panic elsewhere cannot leave the guarded data (there is none) inconsistent.
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        self.seal();
-        // Newest first: a completed fence implies every older one.
-        let fences: Vec<Recorded> = self.shared.lock().fences.iter().rev().copied().collect();
-        let mut done = 0;
-        for &(ev, e) in &fences {
-            let complete = match mode {
-                Advance::SealAndWait => self.backend.wait_event(self.ctx.id, ev).is_ok(),
-                Advance::SealAndPoll => self
-                    .backend
-                    .event_completed(self.ctx.id, ev)
-                    .unwrap_or(false),
-            };
-            if complete {
-                done = e;
-                break;
-            }
-            if mode == Advance::SealAndWait {
-                // Waiting on the newest failed (driver error): do not try older ones.
-                break;
-            }
-        }
-        let mut recycle = Vec::new();
-        let moved = {
-            let mut sh = self.shared.lock();
-            sh.fence_done = sh.fence_done.max(done);
-            while let Some(&(ev, e)) = sh.fences.front() {
-                if e > sh.fence_done {
-                    break;
+        let Outstanding { count, newest } = self.seal(mode);
+        let done = match (mode, newest) {
+            (_, None) => 0,
+            // Waiting on the newest covers every older one; if that fails (driver error),
+            // no older one is tried.
+            (Advance::SealAndWait, Some((ev, e))) => {
+                if self.backend.wait_event(self.ctx.id, ev).is_ok() {
+                    e
+                } else {
+                    0
                 }
-                sh.fences.pop_front();
-                recycle.push(ev);
             }
-            // SAFETY: pool lock held.
-            unsafe { self.drain(&mut sh) }
+            (Advance::SealAndPoll, Some(newest)) => {
+                self.newest_completed(count, newest).map_or(0, |(_, e)| e)
+            }
         };
-        for ev in recycle {
-            self.backend.recycle_event(self.ctx.id, ev);
+        // Retire the fences that completed and drain what they cover; the events go back
+        // to the backend with no pool lock held (Note [locks]).
+        let mut moved = false;
+        loop {
+            let mut retired = [EventHandle(0); 16];
+            let mut n = 0;
+            {
+                let mut sh = self.shared.lock();
+                sh.fence_done = sh.fence_done.max(done);
+                while n < retired.len() {
+                    match sh.fences.front() {
+                        Some(&(ev, e)) if e <= sh.fence_done => {
+                            sh.fences.pop_front();
+                            retired[n] = ev;
+                            n += 1;
+                        }
+                        _ => break,
+                    }
+                }
+                if n < retired.len() {
+                    // SAFETY: pool lock held.
+                    moved = unsafe { self.drain(&mut sh) };
+                }
+            }
+            for &ev in &retired[..n] {
+                self.backend.recycle_event(self.ctx.id, ev);
+            }
+            if n < retired.len() {
+                return moved;
+            }
         }
-        moved
+    }
+
+    /// The newest of the `count` outstanding fences (`newest` is the last) known complete,
+    /// if any. Caller holds `self.events`, so the list does not change meanwhile.
+    ///
+    /// A fence covers all the work its older ones cover, so the completed fences are (up
+    /// to the instant of each query) a prefix of the list. The newest is asked first, since
+    /// on an idle device it has completed and one query settles everything; otherwise a
+    /// binary search finds the end of the prefix in about log2(count) queries instead of
+    /// one query per fence. Whatever a query error or a race does to that ordering, the
+    /// answer is a fence that did complete, which is all correctness needs.
+    fn newest_completed(&self, count: usize, newest: Recorded) -> Option<Recorded> {
+        let complete = |f: Recorded| {
+            self.backend
+                .event_completed(self.ctx.id, f.0)
+                .unwrap_or(false)
+        };
+        if complete(newest) {
+            return Some(newest);
+        }
+        let fence_at = |i: usize| -> Recorded { self.shared.lock().fences[i] };
+        // Invariant: every fence at or after `hi` is incomplete (as last seen); `found` is
+        // the newest fence seen complete.
+        let (mut lo, mut hi, mut found) = (0, count - 1, None);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let f = fence_at(mid);
+            if complete(f) {
+                found = Some(f);
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        found
     }
 
     /// Moves every block whose event or fence has completed to the shared index.

@@ -35,7 +35,7 @@ fn a_poll_finds_the_newest_completed_fence_in_logarithmic_queries() {
     let (rt, host, ctx) = setup();
     host.set_manual_completion(ctx.id, true);
     let size = 12 << 20;
-    let blocks = fence_bound_blocks(&rt, 33, size);
+    let blocks = fence_bound_blocks(rt, 33, size);
     let outstanding = host.in_flight(ctx.id);
     assert!(outstanding >= 32, "{outstanding} fences in flight");
     // The device has run the work before the first 10 fences only.
@@ -61,7 +61,7 @@ fn fences_stop_being_recorded_while_the_device_is_far_behind() {
     let (rt, host, ctx) = setup();
     host.set_manual_completion(ctx.id, true);
     let size = 11 << 20;
-    let blocks = fence_bound_blocks(&rt, 80, size);
+    let blocks = fence_bound_blocks(rt, 80, size);
     let s = rt.context_stats(ctx).unwrap();
     let in_flight = host.in_flight(ctx.id);
     assert!(in_flight <= 64, "{in_flight} fences outstanding (cap 64)");

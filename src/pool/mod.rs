@@ -719,7 +719,18 @@ impl DevicePool {
             // Batch full: record one fence for all of them now, so they are reusable by the
             // time the next miss looks (recording costs ~0.2 µs; no wait).
             if let Ok(_ev) = self.events.try_lock() {
+                let started =
+                    (crate::log::level() >= crate::log::Level::Debug).then(std::time::Instant::now);
                 self.seal(Advance::SealAndPoll);
+                if let Some(spent) = started.map(|t| t.elapsed()) {
+                    if spent > std::time::Duration::from_micros(50) {
+                        crate::log::debug(&format!(
+                            "cupool: device {}: sealing a batch of frees took {} us",
+                            self.ctx.device,
+                            spent.as_micros()
+                        ));
+                    }
+                }
             }
         }
     }
@@ -781,6 +792,25 @@ impl DevicePool {
     /// reuse, so it takes the pool lock as few times as it can: once before and once after
     /// recording, once to retire fences and drain; more only in a binary search.
     fn advance(&self, mode: Advance) -> bool {
+        // `CUPOOL_LOG=debug` reports passes that stalled the caller (a driver call that
+        // blocked, or a wait for another thread's pass): the cost of a streamless miss.
+        let started =
+            (crate::log::level() >= crate::log::Level::Debug).then(std::time::Instant::now);
+        let moved = self.advance_timed(mode);
+        if let Some(t) = started {
+            let spent = t.elapsed();
+            if spent > std::time::Duration::from_micros(50) {
+                crate::log::debug(&format!(
+                    "cupool: device {}: a fence pass took {} us",
+                    self.ctx.device,
+                    spent.as_micros()
+                ));
+            }
+        }
+        moved
+    }
+
+    fn advance_timed(&self, mode: Advance) -> bool {
         // A panic elsewhere cannot leave the guarded data (there is none) inconsistent.
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let Outstanding { count, newest } = self.seal(mode);

@@ -520,8 +520,6 @@ impl Runtime {
             .map_or(0, |p| p.idle_bytes())
     }
 
-    /// A stream capture began in `ctx`: until the matching end, no fence, synchronisation
-    /// or release is made there, and a miss fails with `CupoolErrorStreamCapture`.
     /// The caller (the interposer) reports every stream capture through
     /// [`Runtime::capture_begin`] and [`Runtime::capture_end`]; the backend may then skip
     /// its own driver probe for captures before each context fence.
@@ -529,6 +527,8 @@ impl Runtime {
         self.backend.captures_reported_by_caller();
     }
 
+    /// A stream capture began in `ctx`: until the matching end, no fence, synchronisation
+    /// or release is made there, and a miss fails with `CupoolErrorStreamCapture`.
     pub fn capture_begin(&self, ctx: ContextId) {
         if let Some(p) = self.pool_by_context(ctx) {
             p.capture_begin();

@@ -1,12 +1,17 @@
-//! Polling of context fences on the host backend, while the simulated device holds work
-//! in flight: how many queries a poll makes and how many fences stay outstanding.
+//! Reuse rules that depend on work still in flight, on the host backend with the simulated
+//! device holding events until the test completes them: what waits for a fence, how many
+//! queries a poll makes, how many fences stay outstanding.
 //!
 //! A test binary of its own: the tests in `pool_host.rs` call `empty_cache` and run out of
-//! memory on purpose, and either waits for every fence of every pool of the process.
+//! memory on purpose, and either waits for (so completes) every fence of every pool of the
+//! device, which would complete this file's work in flight behind its back.
 
 use cupool::backend::host::HostBackend;
-use cupool::backend::ContextInfo;
+use cupool::backend::{ContextInfo, StreamHandle};
 use cupool::runtime::{runtime, Runtime};
+
+const S1: StreamHandle = 0x1000;
+const S2: StreamHandle = 0x2000;
 
 fn setup() -> (&'static Runtime, &'static HostBackend, ContextInfo) {
     cupool::config::set("backend", "host").expect("host backend");
@@ -82,4 +87,107 @@ fn fences_stop_being_recorded_while_the_device_is_far_behind() {
     for p in again {
         rt.free(p).unwrap();
     }
+}
+
+#[test]
+fn another_stream_waits_for_the_free_event() {
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    // 30 MiB: a segment of its own, so the only way to avoid a new segment is reuse.
+    let n = 30 << 20;
+    let a = rt.alloc_async(n, S1).unwrap();
+    rt.free_async(a, S1).unwrap();
+    // The block sits in this thread's cache for S1; give it to the pool so that another
+    // stream's miss can consider it.
+    rt.flush_thread_cache();
+    let b = rt.alloc_async(n, S2).unwrap();
+    assert_ne!(
+        a, b,
+        "S2 must not get S1's block while S1's work may still use it"
+    );
+    assert!(
+        host.in_flight(ctx.id) > 0,
+        "the miss recorded an event on S1"
+    );
+    host.complete_all(ctx.id);
+    // S2's next miss finds S1's event complete and takes S1's block.
+    let c = rt.alloc_async(n, S2).unwrap();
+    assert_eq!(c, a, "once its event completed, S1's block is shared");
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.device_allocs, 2);
+    rt.free_async(b, S2).unwrap();
+    rt.free_async(c, S2).unwrap();
+    host.set_manual_completion(ctx.id, false);
+}
+
+#[test]
+fn streamless_free_is_reused_only_after_a_fence() {
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    // 30 MiB: each block is a segment of its own, so only reuse can avoid a new segment.
+    let n = 30 << 20;
+    let a = rt.alloc(n).unwrap();
+    rt.free(a).unwrap();
+    let b = rt.alloc(n).unwrap();
+    assert_ne!(a, b, "a streamless free waits for a context fence");
+    host.complete_all(ctx.id);
+    rt.free(b).unwrap();
+    let c = rt.alloc(n).unwrap();
+    assert_eq!(c, a, "the block whose fence completed is reused");
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.device_allocs, 2);
+    host.complete_all(ctx.id);
+    rt.free(c).unwrap();
+    host.set_manual_completion(ctx.id, false);
+}
+
+#[test]
+fn free_on_another_stream_is_fenced() {
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    let a = rt.alloc_async(8192, S1).unwrap();
+    rt.free_async(a, S2).unwrap();
+    let b = rt.alloc_async(8192, S2).unwrap();
+    let c = rt.alloc_async(8192, S1).unwrap();
+    assert!(
+        b != a && c != a,
+        "a block freed on a foreign stream waits for a fence"
+    );
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.cross_stream_frees, 1);
+    host.complete_all(ctx.id);
+    rt.free_async(b, S2).unwrap();
+    rt.free_async(c, S1).unwrap();
+    host.set_manual_completion(ctx.id, false);
+}
+
+/// A stream destroyed and another created at the same handle: blocks freed on the first
+/// must not go to the second while the first one's work may still run.
+#[test]
+fn a_reused_stream_handle_does_not_inherit_blocks() {
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    let h: StreamHandle = 0x7700;
+    let n = 30 << 20;
+    let a = rt.alloc_async(n, h).unwrap();
+    host.destroy_stream(h); // the program destroys the stream; its work is still in flight
+    rt.free_async(a, h).unwrap(); // freed with the (now reused) handle
+    let b = rt.alloc_async(n, h).unwrap(); // the new stream at the same handle
+    assert_ne!(
+        a, b,
+        "the new stream must not get a block the old one may still use"
+    );
+    rt.flush_thread_cache();
+    let c = rt.alloc_async(n, h).unwrap(); // this miss records a fence covering `a`
+    assert_ne!(a, c, "the fence has not completed yet");
+    host.complete_all(ctx.id);
+    let d = rt.alloc_async(n, h).unwrap();
+    assert_eq!(
+        d, a,
+        "once a fence covers the old stream's work the block is shared"
+    );
+    for p in [b, c, d] {
+        rt.free_async(p, h).unwrap();
+    }
+    host.set_manual_completion(ctx.id, false);
 }

@@ -719,18 +719,9 @@ impl DevicePool {
             // Batch full: record one fence for all of them now, so they are reusable by the
             // time the next miss looks (recording costs ~0.2 µs; no wait).
             if let Ok(_ev) = self.events.try_lock() {
-                let started =
-                    (crate::log::level() >= crate::log::Level::Debug).then(std::time::Instant::now);
-                self.seal(Advance::SealAndPoll);
-                if let Some(spent) = started.map(|t| t.elapsed()) {
-                    if spent > std::time::Duration::from_micros(50) {
-                        crate::log::debug(&format!(
-                            "cupool: device {}: sealing a batch of frees took {} us",
-                            self.ctx.device,
-                            spent.as_micros()
-                        ));
-                    }
-                }
+                self.reporting_stalls("sealing a batch of frees", || {
+                    self.seal(Advance::SealAndPoll)
+                });
             }
         }
     }
@@ -792,25 +783,29 @@ impl DevicePool {
     /// reuse, so it takes the pool lock as few times as it can: once before and once after
     /// recording, once to retire fences and drain; more only in a binary search.
     fn advance(&self, mode: Advance) -> bool {
-        // `CUPOOL_LOG=debug` reports passes that stalled the caller (a driver call that
-        // blocked, or a wait for another thread's pass): the cost of a streamless miss.
-        let started =
-            (crate::log::level() >= crate::log::Level::Debug).then(std::time::Instant::now);
-        let moved = self.advance_timed(mode);
-        if let Some(t) = started {
-            let spent = t.elapsed();
-            if spent > std::time::Duration::from_micros(50) {
-                crate::log::debug(&format!(
-                    "cupool: device {}: a fence pass took {} us",
-                    self.ctx.device,
-                    spent.as_micros()
-                ));
-            }
-        }
-        moved
+        self.reporting_stalls("a fence pass", || self.advance_now(mode))
     }
 
-    fn advance_timed(&self, mode: Advance) -> bool {
+    /// Runs `fence_work`; with `CUPOOL_LOG=debug`, reports it when it stalled the caller for
+    /// over 50 µs (a driver call that blocked, or a wait for another thread's pass).
+    fn reporting_stalls<T>(&self, what: &str, fence_work: impl FnOnce() -> T) -> T {
+        if crate::log::level() < crate::log::Level::Debug {
+            return fence_work();
+        }
+        let started = std::time::Instant::now();
+        let result = fence_work();
+        let spent = started.elapsed();
+        if spent > std::time::Duration::from_micros(50) {
+            crate::log::debug(&format!(
+                "cupool: device {}: {what} took {} us",
+                self.ctx.device,
+                spent.as_micros()
+            ));
+        }
+        result
+    }
+
+    fn advance_now(&self, mode: Advance) -> bool {
         // A panic elsewhere cannot leave the guarded data (there is none) inconsistent.
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let Outstanding { count, newest } = self.seal(mode);

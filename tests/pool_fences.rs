@@ -6,21 +6,11 @@
 //! memory on purpose, and either waits for (so completes) every fence of every pool of the
 //! device, which would complete this file's work in flight behind its back.
 
-use cupool::backend::host::HostBackend;
-use cupool::backend::{ContextInfo, StreamHandle};
-use cupool::runtime::{runtime, Runtime};
+mod host_pool;
 
-const S1: StreamHandle = 0x1000;
-const S2: StreamHandle = 0x2000;
-
-fn setup() -> (&'static Runtime, &'static HostBackend, ContextInfo) {
-    cupool::config::set("backend", "host").expect("host backend");
-    let rt = runtime().expect("runtime starts on the host backend");
-    let host = rt.host_backend().expect("host backend in use");
-    let ctx = host.create_context(0);
-    host.make_current(ctx);
-    (rt, host, ctx)
-}
+use cupool::backend::StreamHandle;
+use cupool::runtime::Runtime;
+use host_pool::{setup, S1, S2};
 
 /// Allocates and frees `n` streamless blocks of a segment each while the device holds
 /// all work in flight: every allocation after the first records a fence for the previous

@@ -4,27 +4,12 @@
 //! Each test works in a context of its own (`HostBackend::create_context`), so its pool,
 //! statistics and simulated events are private even though tests run in parallel.
 
-use cupool::backend::host::HostBackend;
-use cupool::backend::{ContextInfo, StreamHandle};
-use cupool::runtime::{runtime, Runtime};
+mod host_pool;
+
+use cupool::backend::ContextInfo;
 use cupool::CupoolStatus;
+use host_pool::{setup, setup_on, S1, S2};
 use proptest::prelude::*;
-
-fn setup() -> (&'static Runtime, &'static HostBackend, ContextInfo) {
-    setup_on(0)
-}
-
-fn setup_on(device: i32) -> (&'static Runtime, &'static HostBackend, ContextInfo) {
-    cupool::config::set("backend", "host").expect("host backend");
-    let rt = runtime().expect("runtime starts on the host backend");
-    let host = rt.host_backend().expect("host backend in use");
-    let ctx = host.create_context(device);
-    host.make_current(ctx);
-    (rt, host, ctx)
-}
-
-const S1: StreamHandle = 0x1000;
-const S2: StreamHandle = 0x2000;
 
 fn round(n: u64) -> u64 {
     n.div_ceil(512) * 512

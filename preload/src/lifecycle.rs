@@ -60,12 +60,18 @@ pub fn runtime() -> Option<&'static Runtime> {
         Some(rt) => rt,
         None => cupool::runtime::runtime().ok()?,
     };
+    note_pool_started(rt);
+    Some(rt)
+}
+
+/// First sight of the running pool from the hooks: it is told that the capture hooks
+/// (capture.rs) see every capture begin and end.
+#[inline]
+fn note_pool_started(rt: &Runtime) {
     if !POOL_STARTED.load(Relaxed) {
-        // The capture hooks (capture.rs) see every capture begin and end.
         rt.captures_reported_by_caller();
         POOL_STARTED.store(true, Relaxed);
     }
-    Some(rt)
 }
 
 /// The pool if it is running; never starts it (frees, queries: a pool that never started
@@ -76,10 +82,7 @@ pub fn runtime_if_started() -> Option<&'static Runtime> {
     }
     let rt = cupool::runtime::runtime_if_started()?;
     register_handlers_once();
-    if !POOL_STARTED.load(Relaxed) {
-        rt.captures_reported_by_caller();
-        POOL_STARTED.store(true, Relaxed);
-    }
+    note_pool_started(rt);
     Some(rt)
 }
 

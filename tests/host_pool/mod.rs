@@ -1,0 +1,23 @@
+//! Set-up shared by the test binaries that drive the pool on the host backend.
+
+use cupool::backend::host::HostBackend;
+use cupool::backend::{ContextInfo, StreamHandle};
+use cupool::runtime::{runtime, Runtime};
+
+pub const S1: StreamHandle = 0x1000;
+pub const S2: StreamHandle = 0x2000;
+
+/// The runtime on the host backend and a new context of device 0, current on this thread.
+pub fn setup() -> (&'static Runtime, &'static HostBackend, ContextInfo) {
+    setup_on(0)
+}
+
+/// As [`setup`], on `device`: each test gets a context (so a pool and statistics) of its own.
+pub fn setup_on(device: i32) -> (&'static Runtime, &'static HostBackend, ContextInfo) {
+    cupool::config::set("backend", "host").expect("host backend");
+    let rt = runtime().expect("runtime starts on the host backend");
+    let host = rt.host_backend().expect("host backend in use");
+    let ctx = host.create_context(device);
+    host.make_current(ctx);
+    (rt, host, ctx)
+}

@@ -23,6 +23,13 @@ static long long pool_counter(const char *key) {
   return at ? atoll(at + strlen(quoted)) : -1;
 }
 
+// The current value of one level of the preloaded pool's statistics, -1 without the preload.
+static long long pool_level_now(const char *key) {
+  char counter[64];
+  snprintf(counter, sizeof counter, "%s\":{\"current", key);
+  return pool_counter(counter);
+}
+
 int main(int argc, char **argv) {
   const char *label = argc > 1 ? argv[1] : "run";
   CK(cudaFree(0));
@@ -56,11 +63,12 @@ int main(int argc, char **argv) {
     std::sort(per_pair.begin(), per_pair.end());
     printf("BENCH preload_pair %s %zu median_ns=%.1f p99_ns=%.1f batch=%d repeats=%d\n", label, n,
            per_pair[per_pair.size() / 2], per_pair[(size_t)(0.99 * (per_pair.size() - 1))], batch, repeats);
-    // Why a pooled pair costs what it does: context fences and segment allocations per pair.
+    // Why a pooled pair costs what it does: context fences and segment allocations per pair,
+    // and what the pool holds for it (a second copy of a lone block, Note [lone fences]).
     if (fences0 >= 0)
-      printf("INFO preload_pair %s %zu fences_per_pair=%.3f device_allocs=%lld\n", label, n,
-             (double)(pool_counter("fences_recorded") - fences0) / (batch * repeats),
-             pool_counter("device_allocs") - grows0);
+      printf("INFO preload_pair %s %zu fences_per_pair=%.3f device_allocs=%lld reserved_mib=%.0f\n",
+             label, n, (double)(pool_counter("fences_recorded") - fences0) / (batch * repeats),
+             pool_counter("device_allocs") - grows0, pool_level_now("reserved_bytes") / 1048576.0);
   }
   return 0;
 }

@@ -45,13 +45,14 @@ pub enum Key {
     SmallSegment,
     LargeSegment,
     FenceBatch,
+    FenceSpareMax,
     HostAutoComplete,
     Verbose,
 }
 
 pub const BACKENDS: &[&str] = &["cuda", "host"];
 
-pub static OPTIONS: [OptionDesc; 10] = [
+pub static OPTIONS: [OptionDesc; 11] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -109,6 +110,13 @@ pub static OPTIONS: [OptionDesc; 10] = [
         runtime: true,
     },
     OptionDesc {
+        key: "fence_spare_max",
+        default: "256M",
+        kind: ValueKind::Bytes,
+        doc: "Largest block of which the pool keeps a second copy when a loop frees and reallocates it without a stream, so that one context fence covers two reuses instead of one (taken after 256 reuses in a row that each needed a fence of their own; released like any idle cache). 0 turns it off.",
+        runtime: true,
+    },
+    OptionDesc {
         key: "host_auto_complete",
         default: "true",
         kind: ValueKind::Bool,
@@ -125,7 +133,7 @@ pub static OPTIONS: [OptionDesc; 10] = [
 ];
 
 /// The current value of every option, encoded as u64 (bools 0/1, choices by index).
-static VALUES: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
+static VALUES: [AtomicU64; 11] = [const { AtomicU64::new(0) }; 11];
 static LOADED: AtomicBool = AtomicBool::new(false);
 /// Bumped whenever a value changes, so hot paths can keep a snapshot and re-read only
 /// after a change.

@@ -73,6 +73,12 @@ const SEGMENT_GRANULE: u64 = 2 << 20;
 /// an event and ~0.2-0.7 µs to record; while the device is this far behind, a new one
 /// would not complete before the outstanding ones).
 const MAX_OUTSTANDING_FENCES: usize = 64;
+/// Fenced reuses of a lone block in a row after which the pool grows a second copy of it
+/// (Note [lone fences]). A ski-rental bound: 256 fences (a record and a query, ~0.37 µs
+/// on an H100) cost about what allocating a 64 MiB segment costs (~85 µs), so a loop never
+/// pays much more than twice what the better of "fence every reuse" and "hold a second
+/// copy" would have cost it.
+const SPARE_AFTER_LONE_FENCES: u32 = 256;
 
 /// A pool's limit value meaning "use the `memory_limit` option".
 pub const LIMIT_FROM_CONFIG: u64 = u64::MAX;
@@ -186,6 +192,9 @@ struct Shared {
     unsealed_fence_blocks: u64,
     fence_sealed: u64,
     fence_done: u64,
+    /// Misses in a row served by a fence pass that made exactly one large block reusable
+    /// (Note [lone fences]).
+    lone_fence_streak: u32,
     clock: u64,
     reserved: u64,
     reserved_peak: u64,
@@ -276,6 +285,7 @@ impl DevicePool {
                 unsealed_fence_blocks: 0,
                 fence_sealed: 0,
                 fence_done: 0,
+                lone_fence_streak: 0,
                 clock: 1,
                 reserved: 0,
                 reserved_peak: 0,
@@ -401,8 +411,23 @@ impl DevicePool {
         if let Some(ptr) = self.try_fit(c, req) {
             return Ok(ptr);
         }
-        if self.may_order() && self.advance(Advance::SealAndPoll) {
-            if let Some(ptr) = self.try_fit(c, req) {
+        if self.may_order() {
+            if self.spare_due(req) {
+                // On failure (limit, driver OOM) the fence below serves the request, and
+                // the streak starts again: no release-and-retry for a copy nobody needs.
+                if let Ok(ptr) = self.grow_and_carve(c, req) {
+                    self.shared.lock().slow.misses += 1;
+                    return Ok(ptr);
+                }
+            }
+            let moved = self.advance(Advance::SealAndPoll);
+            let fitted = if moved > 0 {
+                self.try_fit(c, req)
+            } else {
+                None
+            };
+            self.note_fence_pass(req, moved, fitted.is_some());
+            if let Some(ptr) = fitted {
                 return Ok(ptr);
             }
         }
@@ -435,6 +460,43 @@ impl DevicePool {
             ));
         }
         result
+    }
+
+    /// Whether this miss should grow a second copy of a large block instead of fencing the
+    /// freed one again; if so, the streak starts again.
+    ///
+    /// Note [lone fences]: a block with a segment of its own that a loop frees without a
+    /// stream and allocates again needs, for every reuse, a context fence recorded after
+    /// its free and seen complete (~0.37 µs of driver calls on an H100, most of such a
+    /// pair's cost). With two copies, one fence covers both frees: half the fences. When
+    /// [`SPARE_AFTER_LONE_FENCES`] misses in a row were each served by a fence pass that
+    /// made exactly one block reusable, the next miss of a large block up to
+    /// `fence_spare_max` grows instead. With GPU work in flight the pool grows the second
+    /// copy anyway (the fence is not complete yet), so this only gives an idle loop a busy
+    /// loop's footprint. The copy is ordinary idle cache: released by `empty_cache` and
+    /// before an out-of-memory error, reported free by the interposer's `cuMemGetInfo`.
+    fn spare_due(&self, req: Request) -> bool {
+        if req.kind != SegmentKind::Large || req.size > config::get(Key::FenceSpareMax) {
+            return false;
+        }
+        let mut sh = self.shared.lock();
+        if sh.lone_fence_streak < SPARE_AFTER_LONE_FENCES {
+            return false;
+        }
+        sh.lone_fence_streak = 0;
+        true
+    }
+
+    /// Counts a miss's fence pass for Note [lone fences]: it made `moved` blocks reusable,
+    /// and the request was `served` from them.
+    fn note_fence_pass(&self, req: Request, moved: usize, served: bool) {
+        let lone = moved == 1 && served && req.kind == SegmentKind::Large;
+        let mut sh = self.shared.lock();
+        sh.lone_fence_streak = if lone {
+            sh.lone_fence_streak.saturating_add(1)
+        } else {
+            0
+        };
     }
 
     /// Takes a fitting free block the caller may use, from its stream's own frees first,
@@ -777,12 +839,12 @@ impl DevicePool {
     }
 
     /// Seals unsealed frees, polls (or waits for) outstanding context fences, and moves
-    /// the blocks they cover to the shared index. Returns whether any block moved.
+    /// the blocks they cover to the shared index. Returns how many blocks moved.
     ///
     /// This is the streamless path's cost whenever a freed block must be fenced before its
     /// reuse, so it takes the pool lock as few times as it can: once before and once after
     /// recording, once to retire fences and drain; more only in a binary search.
-    fn advance(&self, mode: Advance) -> bool {
+    fn advance(&self, mode: Advance) -> usize {
         self.reporting_stalls("a fence pass", || self.advance_now(mode))
     }
 
@@ -805,7 +867,7 @@ impl DevicePool {
         result
     }
 
-    fn advance_now(&self, mode: Advance) -> bool {
+    fn advance_now(&self, mode: Advance) -> usize {
         // A panic elsewhere cannot leave the guarded data (there is none) inconsistent.
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let Outstanding { count, newest } = self.seal(mode);
@@ -826,7 +888,7 @@ impl DevicePool {
         };
         // Retire the fences that completed and drain what they cover; the events go back
         // to the backend with no pool lock held (Note [locks]).
-        let mut moved = false;
+        let mut moved = 0;
         loop {
             let mut retired = [EventHandle(0); 16];
             let mut n = 0;
@@ -845,7 +907,7 @@ impl DevicePool {
                 }
                 if n < retired.len() {
                     // SAFETY: pool lock held.
-                    moved = unsafe { self.drain(&mut sh) };
+                    moved += unsafe { self.drain(&mut sh) };
                 }
             }
             for &ev in &retired[..n] {
@@ -892,12 +954,13 @@ impl DevicePool {
         found
     }
 
-    /// Moves every block whose event or fence has completed to the shared index.
+    /// Moves every block whose event or fence has completed to the shared index; returns
+    /// how many.
     ///
     /// # Safety
     /// Pool lock held.
-    unsafe fn drain(&self, sh: &mut Shared) -> bool {
-        let mut moved = false;
+    unsafe fn drain(&self, sh: &mut Shared) -> usize {
+        let mut moved = 0;
         let fence_done = sh.fence_done;
         while let Some(idx) = sh.fence_queue.front() {
             if BLOCKS.get(idx).data().free_epoch > fence_done {
@@ -905,7 +968,7 @@ impl DevicePool {
             }
             sh.fence_queue.remove(&BLOCKS, idx);
             self.insert_shared(sh, idx);
-            moved = true;
+            moved += 1;
         }
         for pos in 0..sh.streams.len() {
             loop {
@@ -919,7 +982,7 @@ impl DevicePool {
                 st.age.remove(&BLOCKS, idx);
                 st.index(kind).remove(&BLOCKS, idx);
                 self.insert_shared(sh, idx);
-                moved = true;
+                moved += 1;
             }
         }
         moved

@@ -1,4 +1,6 @@
 //! Set-up shared by the test binaries that drive the pool on the host backend.
+// Each test binary compiles its own copy and uses part of it.
+#![allow(dead_code)]
 
 use cupool::backend::host::HostBackend;
 use cupool::backend::{ContextInfo, StreamHandle};

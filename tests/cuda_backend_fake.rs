@@ -511,45 +511,55 @@ fn backend_streams_and_events() {
             assert!(!ids.contains(&id_c), "a new stream gets a new id");
             assert_eq!(backend.stream_id(0xdead0), Err(BackendError::InvalidValue));
 
-            // A stream event is in flight for 3 queries, then complete.
-            let ev = backend.record_stream_event(ctx, b).expect("record");
-            for _ in 0..3 {
-                assert_eq!(backend.event_completed(ctx, ev), Ok(false));
-            }
-            assert_eq!(backend.event_completed(ctx, ev), Ok(true));
-            assert_eq!(backend.event_completed(ctx, ev), Ok(true));
-            assert_eq!(fake.counters().event_record, 1);
-
-            // Events are reused once given back.
-            backend.recycle_event(ctx, ev);
-            let ev2 = backend.record_stream_event(ctx, 0).expect("record again");
-            assert_eq!(ev2, ev, "the idle event is reused");
-            assert_eq!(
-                backend.event_completed(ctx, ev2),
-                Ok(false),
-                "recorded anew"
-            );
-            assert_eq!(backend.wait_event(ctx, ev2), Ok(()));
-            assert_eq!(backend.event_completed(ctx, ev2), Ok(true), "waited for");
-            let ev3 = backend
-                .record_stream_event(ctx, 2)
-                .expect("a second live event");
-            assert_ne!(ev3, ev2);
-            assert_eq!(
-                backend.record_stream_event(ctx, 0xdead0),
-                Err(BackendError::InvalidValue)
-            );
-
-            // A context fence also stays in flight for 3 queries.
+            // A context fence is in flight for 3 queries, then complete.
             let fence = backend.record_context_fence(ctx).expect("fence");
             for _ in 0..3 {
                 assert_eq!(backend.event_completed(ctx, fence), Ok(false));
             }
             assert_eq!(backend.event_completed(ctx, fence), Ok(true));
+            assert_eq!(backend.event_completed(ctx, fence), Ok(true));
+
+            // Events are reused once given back.
+            backend.recycle_event(ctx, fence);
+            let again = backend.record_context_fence(ctx).expect("fence again");
+            assert_eq!(again, fence, "the idle event is reused");
+            assert_eq!(
+                backend.event_completed(ctx, again),
+                Ok(false),
+                "recorded anew"
+            );
+            assert_eq!(backend.wait_event(ctx, again), Ok(()));
+            assert_eq!(backend.event_completed(ctx, again), Ok(true), "waited for");
+            let third = backend
+                .record_context_fence(ctx)
+                .expect("a second live fence");
+            assert_ne!(third, again);
             let counters = fake.counters();
-            assert_eq!((counters.ctx_record_event, counters.event_sync), (1, 1));
+            assert_eq!((counters.ctx_record_event, counters.event_sync), (3, 1));
             program.destroy_stream(b);
             program.destroy_stream(c);
+        },
+    );
+}
+
+#[test]
+fn backend_before_cuda_12_5_fences_on_the_legacy_stream() {
+    in_child_with_fake(
+        "backend_before_cuda_12_5_fences_on_the_legacy_stream",
+        &[
+            ("FAKE_CUDA_DRIVER_VERSION", "12040"),
+            ("FAKE_CUDA_EVENT_LATENCY", "1"),
+        ],
+        || {
+            let fake = FakeCuda::loaded().expect("the fake libcuda is on the path");
+            let backend = CudaBackend::new().expect("the backend loads the older driver");
+            let ctx = backend.current_context().expect("a context").id;
+            // No cuCtxRecordEvent before 12.5: the fence is an event on the legacy stream.
+            let fence = backend.record_context_fence(ctx).expect("fence");
+            assert_eq!(backend.event_completed(ctx, fence), Ok(false));
+            assert_eq!(backend.event_completed(ctx, fence), Ok(true));
+            let counters = fake.counters();
+            assert_eq!((counters.ctx_record_event, counters.event_record), (0, 1));
         },
     );
 }

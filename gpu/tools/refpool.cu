@@ -4,7 +4,7 @@
 // (a streamless free synchronises the device) and it hooks nothing, so the suite's
 // "free_does_not_wait_for_device" and preload checks are expected to fail on it.
 // Never used by the suite unless CUPOOL_LIB_DIR points at it:
-//   nvcc -O2 -std=c++17 -arch=sm_90 -Xcompiler -fPIC -shared -I gpu gpu/tools/refpool.cu -o DIR/libcupool.so
+//   nvcc -O2 -std=c++17 -arch=sm_90 -Xcompiler -fPIC -shared -I include -I gpu gpu/tools/refpool.cu -o DIR/libcupool.so
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,7 +12,6 @@
 #include <mutex>
 #include <unordered_map>
 
-#define CUPOOL_GPU_OWN_DECLS
 #include "cupool_api.h"
 
 namespace {
@@ -48,12 +47,12 @@ void level_add(cupool_stat &s, int64_t d) {
 }
 
 cupool_status do_alloc(void **out, size_t size, cudaStream_t stream, bool streamless) {
-  if (!out) return CUP_INVALID_VALUE;
+  if (!out) return CUPOOL_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> g(g_lock);
   size_t rounded = (size + 511) / 512 * 512;
   if (g_limit && g_stats.allocated_bytes.current + rounded > g_limit) {
     g_stats.num_ooms++;
-    return CUP_OUT_OF_MEMORY;
+    return CUPOOL_ERROR_OUT_OF_MEMORY;
   }
   uint64_t before = reserved_now();
   void *p = nullptr;
@@ -69,7 +68,7 @@ cupool_status do_alloc(void **out, size_t size, cudaStream_t stream, bool stream
   if (e != cudaSuccess) {
     cudaGetLastError();
     if (e == cudaErrorMemoryAllocation) g_stats.num_ooms++;
-    return e == cudaErrorMemoryAllocation ? CUP_OUT_OF_MEMORY : 9;
+    return e == cudaErrorMemoryAllocation ? CUPOOL_ERROR_OUT_OF_MEMORY : 9;
   }
   if (streamless) cudaStreamSynchronize(stream);
   uint64_t after = reserved_now();
@@ -84,14 +83,14 @@ cupool_status do_alloc(void **out, size_t size, cudaStream_t stream, bool stream
   level_add(g_stats.allocated_bytes, (int64_t)rounded);
   level_add(g_stats.requested_bytes, (int64_t)size);
   *out = p;
-  return CUP_OK;
+  return CUPOOL_OK;
 }
 
 cupool_status do_free(void *p, cudaStream_t stream, bool streamless) {
-  if (!p) return CUP_OK;
+  if (!p) return CUPOOL_OK;
   std::lock_guard<std::mutex> g(g_lock);
   auto it = g_live.find(p);
-  if (it == g_live.end()) return CUP_INVALID_POINTER;
+  if (it == g_live.end()) return CUPOOL_ERROR_INVALID_POINTER;
   Block b = it->second;
   g_live.erase(it);
   if (streamless) {
@@ -103,7 +102,7 @@ cupool_status do_free(void *p, cudaStream_t stream, bool streamless) {
   g_stats.num_frees++;
   level_add(g_stats.allocated_bytes, -(int64_t)((b.requested + 511) / 512 * 512));
   level_add(g_stats.requested_bytes, -(int64_t)b.requested);
-  return CUP_OK;
+  return CUPOOL_OK;
 }
 
 cupool_stats snapshot() {
@@ -126,10 +125,10 @@ cupool_status cupool_alloc_async(void **p, size_t n, struct CUstream_st *s) { re
 cupool_status cupool_free(void *p) { return do_free(p, 0, true); }
 cupool_status cupool_free_async(void *p, struct CUstream_st *s) { return do_free(p, s, false); }
 cupool_status cupool_get_stats(int, cupool_stats *out) {
-  if (!out || out->size < sizeof(cupool_stats)) return CUP_INVALID_VALUE;
+  if (!out || out->size < sizeof(cupool_stats)) return CUPOOL_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> g(g_lock);
   *out = snapshot();
-  return CUP_OK;
+  return CUPOOL_OK;
 }
 cupool_status cupool_stats_json(int, char *buf, size_t len, size_t *needed) {
   cupool_stats s;
@@ -156,7 +155,7 @@ cupool_status cupool_stats_json(int, char *buf, size_t len, size_t *needed) {
   if (needed) *needed = (size_t)n + 1;
   if (!buf || len < (size_t)n + 1) return 11;
   memcpy(buf, tmp, (size_t)n + 1);
-  return CUP_OK;
+  return CUPOOL_OK;
 }
 cupool_status cupool_reset_peak_stats(int) {
   std::lock_guard<std::mutex> g(g_lock);
@@ -164,7 +163,7 @@ cupool_status cupool_reset_peak_stats(int) {
   g_stats.requested_bytes.peak = g_stats.requested_bytes.current;
   uint64_t zero = 0;
   cudaMemPoolSetAttribute(pool(), cudaMemPoolAttrReservedMemHigh, &zero);
-  return CUP_OK;
+  return CUPOOL_OK;
 }
 cupool_status cupool_empty_cache(size_t *released) {
   std::lock_guard<std::mutex> g(g_lock);
@@ -174,15 +173,15 @@ cupool_status cupool_empty_cache(size_t *released) {
   uint64_t after = reserved_now();
   if (after < before) g_stats.device_frees++;
   if (released) *released = (size_t)(before - after);
-  return CUP_OK;
+  return CUPOOL_OK;
 }
 cupool_status cupool_set_memory_limit(int, size_t bytes) {
   std::lock_guard<std::mutex> g(g_lock);
   g_limit = bytes;
-  return CUP_OK;
+  return CUPOOL_OK;
 }
 cupool_status cupool_config_set(const char *key, const char *) {
-  return key && strcmp(key, "verbose") == 0 ? CUP_OK : 7;
+  return key && strcmp(key, "verbose") == 0 ? CUPOOL_OK : 7;
 }
 const char *cupool_status_string(cupool_status s) {
   static const char *names[] = {"success", "invalid value", "out of memory", "backend unavailable",

@@ -58,116 +58,63 @@ fn end_capture(end: impl FnOnce() -> CuResult) -> CuResult {
     rc
 }
 
-/// `cuStreamBeginCapture(CUstream)` (v1, CUDA 10.0: global mode).
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCapture(stream: CuHandle) -> CuResult {
-    cuda_call("cuStreamBeginCapture", || {
-        // SAFETY: the slot's exported function has this signature; arguments unchanged.
-        let Some(real) = (unsafe { typed::<BeginV1Fn>(Slot::BeginCapture) }) else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        begin_capture(|| unsafe { real(stream) })
-    })
+/// Exports hook `$name`: the real function of the same name (in `Slot::$slot`, of type
+/// `$real_type`) called with the arguments unchanged, wrapped in `$around`.
+macro_rules! capture_hook {
+    ($(#[$doc:meta])* $name:ident, $slot:ident, $real_type:ty, $around:ident,
+     ($($arg:ident: $arg_type:ty),*)) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $arg_type),*) -> CuResult {
+            cuda_call(stringify!($name), || {
+                // SAFETY: the slot holds the real function named `$name`, whose signature
+                // is `$real_type`; the arguments pass unchanged.
+                let Some(real) = (unsafe { typed::<$real_type>(Slot::$slot) }) else {
+                    return CUDA_ERROR_NOT_INITIALIZED;
+                };
+                $around(|| unsafe { real($($arg),*) })
+            })
+        }
+    };
 }
 
-/// `cuStreamBeginCapture_ptsz(CUstream)`.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCapture_ptsz(stream: CuHandle) -> CuResult {
-    cuda_call("cuStreamBeginCapture_ptsz", || {
-        // SAFETY: as above.
-        let Some(real) = (unsafe { typed::<BeginV1Fn>(Slot::BeginCapturePtsz) }) else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        begin_capture(|| unsafe { real(stream) })
-    })
-}
-
-/// `cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode)`.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: CuHandle, mode: c_int) -> CuResult {
-    cuda_call("cuStreamBeginCapture_v2", || {
-        // SAFETY: as above.
-        let Some(real) = (unsafe { typed::<BeginV2Fn>(Slot::BeginCaptureV2) }) else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        begin_capture(|| unsafe { real(stream, mode) })
-    })
-}
-
-/// `cuStreamBeginCapture_v2_ptsz(CUstream, CUstreamCaptureMode)`.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(stream: CuHandle, mode: c_int) -> CuResult {
-    cuda_call("cuStreamBeginCapture_v2_ptsz", || {
-        // SAFETY: as above.
-        let Some(real) = (unsafe { typed::<BeginV2Fn>(Slot::BeginCaptureV2Ptsz) }) else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        begin_capture(|| unsafe { real(stream, mode) })
-    })
-}
-
-/// `cuStreamBeginCaptureToGraph(CUstream, CUgraph, const CUgraphNode *, const
-/// CUgraphEdgeData *, size_t, CUstreamCaptureMode)` (CUDA 12.3).
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
-    stream: CuHandle,
-    graph: CuHandle,
-    dependencies: *const c_void,
-    edge_data: *const c_void,
-    count: usize,
-    mode: c_int,
-) -> CuResult {
-    cuda_call("cuStreamBeginCaptureToGraph", || {
-        // SAFETY: as above.
-        let Some(real) = (unsafe { typed::<BeginToGraphFn>(Slot::BeginCaptureToGraph) }) else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        begin_capture(|| unsafe { real(stream, graph, dependencies, edge_data, count, mode) })
-    })
-}
-
-/// `cuStreamBeginCaptureToGraph_ptsz`.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCaptureToGraph_ptsz(
-    stream: CuHandle,
-    graph: CuHandle,
-    dependencies: *const c_void,
-    edge_data: *const c_void,
-    count: usize,
-    mode: c_int,
-) -> CuResult {
-    cuda_call("cuStreamBeginCaptureToGraph_ptsz", || {
-        // SAFETY: as above.
-        let Some(real) = (unsafe { typed::<BeginToGraphFn>(Slot::BeginCaptureToGraphPtsz) }) else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        begin_capture(|| unsafe { real(stream, graph, dependencies, edge_data, count, mode) })
-    })
-}
-
-/// `cuStreamEndCapture(CUstream, CUgraph *)`.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamEndCapture(stream: CuHandle, graph: *mut CuHandle) -> CuResult {
-    cuda_call("cuStreamEndCapture", || {
-        // SAFETY: as above.
-        let Some(real) = (unsafe { typed::<EndFn>(Slot::EndCapture) }) else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        end_capture(|| unsafe { real(stream, graph) })
-    })
-}
-
-/// `cuStreamEndCapture_ptsz(CUstream, CUgraph *)`.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamEndCapture_ptsz(
-    stream: CuHandle,
-    graph: *mut CuHandle,
-) -> CuResult {
-    cuda_call("cuStreamEndCapture_ptsz", || {
-        // SAFETY: as above.
-        let Some(real) = (unsafe { typed::<EndFn>(Slot::EndCapturePtsz) }) else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        end_capture(|| unsafe { real(stream, graph) })
-    })
-}
+capture_hook!(
+    /// `cuStreamBeginCapture(CUstream)` (v1, CUDA 10.0: global mode).
+    cuStreamBeginCapture, BeginCapture, BeginV1Fn, begin_capture, (stream: CuHandle)
+);
+capture_hook!(
+    /// `cuStreamBeginCapture_ptsz(CUstream)`.
+    cuStreamBeginCapture_ptsz, BeginCapturePtsz, BeginV1Fn, begin_capture, (stream: CuHandle)
+);
+capture_hook!(
+    /// `cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode)`.
+    cuStreamBeginCapture_v2, BeginCaptureV2, BeginV2Fn, begin_capture,
+    (stream: CuHandle, mode: c_int)
+);
+capture_hook!(
+    /// `cuStreamBeginCapture_v2_ptsz(CUstream, CUstreamCaptureMode)`.
+    cuStreamBeginCapture_v2_ptsz, BeginCaptureV2Ptsz, BeginV2Fn, begin_capture,
+    (stream: CuHandle, mode: c_int)
+);
+capture_hook!(
+    /// `cuStreamBeginCaptureToGraph(CUstream, CUgraph, const CUgraphNode *, const
+    /// CUgraphEdgeData *, size_t, CUstreamCaptureMode)` (CUDA 12.3).
+    cuStreamBeginCaptureToGraph, BeginCaptureToGraph, BeginToGraphFn, begin_capture,
+    (stream: CuHandle, graph: CuHandle, dependencies: *const c_void, edge_data: *const c_void,
+     count: usize, mode: c_int)
+);
+capture_hook!(
+    /// `cuStreamBeginCaptureToGraph_ptsz`.
+    cuStreamBeginCaptureToGraph_ptsz, BeginCaptureToGraphPtsz, BeginToGraphFn, begin_capture,
+    (stream: CuHandle, graph: CuHandle, dependencies: *const c_void, edge_data: *const c_void,
+     count: usize, mode: c_int)
+);
+capture_hook!(
+    /// `cuStreamEndCapture(CUstream, CUgraph *)`.
+    cuStreamEndCapture, EndCapture, EndFn, end_capture, (stream: CuHandle, graph: *mut CuHandle)
+);
+capture_hook!(
+    /// `cuStreamEndCapture_ptsz(CUstream, CUgraph *)`.
+    cuStreamEndCapture_ptsz, EndCapturePtsz, EndFn, end_capture,
+    (stream: CuHandle, graph: *mut CuHandle)
+);

@@ -334,25 +334,6 @@ impl Backend for CudaBackend {
         self.with_context(ctx, || check(unsafe { free(ptr) }))
     }
 
-    fn record_stream_event(
-        &self,
-        ctx: ContextId,
-        stream: StreamHandle,
-    ) -> BackendResult<EventHandle> {
-        let record = required(self.api.event_record)?;
-        self.with_context(ctx, || {
-            let ev = self.take_event(ctx)?;
-            // SAFETY: an event of `ctx` and the caller's stream of `ctx`.
-            match check(unsafe { record(ev, stream as CUstream) }) {
-                Ok(()) => Ok(EventHandle(ev as usize as u64)),
-                Err(e) => {
-                    self.give_back_event(ctx, ev);
-                    Err(e)
-                }
-            }
-        })
-    }
-
     fn record_context_fence(&self, ctx: ContextId) -> BackendResult<EventHandle> {
         self.with_context(ctx, || {
             if self.blocking_capture_in_progress() {

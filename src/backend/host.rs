@@ -46,7 +46,6 @@ struct State {
     /// Counters tests read.
     pub allocs: u64,
     pub releases: u64,
-    pub events_recorded: u64,
     pub fences_recorded: u64,
     /// Completion queries answered, per context.
     queries: HashMap<u64, u64>,
@@ -58,7 +57,6 @@ struct State {
 pub struct HostCounters {
     pub allocs: u64,
     pub releases: u64,
-    pub events_recorded: u64,
     pub fences_recorded: u64,
     pub live_bytes: u64,
 }
@@ -90,7 +88,6 @@ impl HostBackend {
                 capturing: 0,
                 allocs: 0,
                 releases: 0,
-                events_recorded: 0,
                 fences_recorded: 0,
                 queries: HashMap::new(),
                 fail_next_alloc: None,
@@ -199,7 +196,6 @@ impl HostBackend {
         HostCounters {
             allocs: s.allocs,
             releases: s.releases,
-            events_recorded: s.events_recorded,
             fences_recorded: s.fences_recorded,
             live_bytes: s.live_bytes.iter().sum(),
         }
@@ -307,16 +303,6 @@ impl Backend for HostBackend {
         // SAFETY: allocated by posix_memalign above and removed from the table once.
         unsafe { libc::free(ptr as *mut libc::c_void) };
         Ok(())
-    }
-
-    fn record_stream_event(
-        &self,
-        ctx: ContextId,
-        _stream: StreamHandle,
-    ) -> BackendResult<EventHandle> {
-        let ev = self.record(ctx);
-        self.state.lock().events_recorded += 1;
-        Ok(ev)
     }
 
     fn record_context_fence(&self, ctx: ContextId) -> BackendResult<EventHandle> {

@@ -113,14 +113,6 @@ pub trait Backend: Send + Sync + 'static {
     /// Gives an allocation made by [`Backend::allocate`] back to the driver.
     fn release(&self, ctx: ContextId, ptr: DevicePtr, bytes: u64) -> BackendResult<()>;
 
-    /// Records an event on `stream`: it completes when all work submitted to `stream`
-    /// before this call has completed.
-    fn record_stream_event(
-        &self,
-        ctx: ContextId,
-        stream: StreamHandle,
-    ) -> BackendResult<EventHandle>;
-
     /// Records a context fence: it completes when all work submitted to any stream of `ctx`
     /// before this call has completed (`cuCtxRecordEvent`). Fails with
     /// [`BackendError::Capturing`] instead of invalidating a capture when the backend can

@@ -16,7 +16,9 @@
  *   variant the real driver returns (cuMemAlloc@3020 -> cuMemAlloc_v2, flags 2 -> _ptsz
  *   where a _ptsz variant exists, ...). Unknown name: CUDA_SUCCESS, *pfn = NULL, status
  *   SYMBOL_NOT_FOUND (1); known name asked below its first version: CUDA_SUCCESS,
- *   *pfn = NULL, status VERSION_NOT_SUFFICIENT (2); cudaVersion > 13000: INVALID_VALUE.
+ *   *pfn = NULL, status VERSION_NOT_SUFFICIENT (2); cudaVersion above the driver's
+ *   version: INVALID_VALUE. FAKE_CUDA_DRIVER_VERSION=N (default 13000) makes it an older
+ *   driver: cuDriverGetVersion says N, and functions introduced after N are unknown.
  * - Device memory is host memory (aligned_alloc: 512-byte alignment, 2 MiB for requests of
  *   2 MiB or more). Each device has a budget (FAKE_CUDA_TOTAL_BYTES, default 1 GiB):
  *   an allocation that would pass it fails with CUDA_ERROR_OUT_OF_MEMORY (2).
@@ -166,6 +168,7 @@ static int g_initialized;
 static int g_device_count = 1;
 static size_t g_total_bytes = (size_t)1 << 30;
 static int g_event_latency;
+static int g_driver_version = FAKE_DRIVER_VERSION;
 static int g_fail_next_alloc;
 static int g_log_fd = -1;
 
@@ -206,6 +209,12 @@ static void read_env(void)
     if (s && *s) {
         long n = strtol(s, NULL, 10);
         g_event_latency = n < 0 ? 0 : (int)n;
+    }
+    s = getenv("FAKE_CUDA_DRIVER_VERSION");
+    if (s && *s) {
+        long n = strtol(s, NULL, 10);
+        if (n > 0 && n <= FAKE_DRIVER_VERSION)
+            g_driver_version = (int)n;
     }
     s = getenv("FAKE_CUDA_LOG");
     if (s && *s)
@@ -462,7 +471,7 @@ static CUresult fk_cuDriverGetVersion(int *version)
     unlock();
     if (!version)
         return CUDA_ERROR_INVALID_VALUE;
-    *version = FAKE_DRIVER_VERSION;
+    *version = g_driver_version;
     return CUDA_SUCCESS;
 }
 
@@ -1415,7 +1424,7 @@ static const struct proc_entry g_procs[] = {
 static CUresult resolve_proc(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *symbolStatus)
 {
-    if (!symbol || !pfn || cudaVersion > FAKE_DRIVER_VERSION) {
+    if (!symbol || !pfn || cudaVersion > g_driver_version) {
         if (pfn)
             *pfn = NULL;
         if (symbolStatus)
@@ -1427,7 +1436,7 @@ static CUresult resolve_proc(const char *symbol, void **pfn, int cudaVersion, cu
     int known = 0;
     for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
         const struct proc_entry *e = &g_procs[i];
-        if (strcmp(e->base, symbol) != 0)
+        if (strcmp(e->base, symbol) != 0 || e->since > g_driver_version)
             continue;
         known = 1;
         if (e->since > cudaVersion)

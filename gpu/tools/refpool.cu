@@ -68,7 +68,7 @@ cupool_status do_alloc(void **out, size_t size, cudaStream_t stream, bool stream
   if (e != cudaSuccess) {
     cudaGetLastError();
     if (e == cudaErrorMemoryAllocation) g_stats.num_ooms++;
-    return e == cudaErrorMemoryAllocation ? CUPOOL_ERROR_OUT_OF_MEMORY : 9;
+    return e == cudaErrorMemoryAllocation ? CUPOOL_ERROR_OUT_OF_MEMORY : CUPOOL_ERROR_CUDA;
   }
   if (streamless) cudaStreamSynchronize(stream);
   uint64_t after = reserved_now();
@@ -98,7 +98,7 @@ cupool_status do_free(void *p, cudaStream_t stream, bool streamless) {
     stream = b.stream;
   }
   if (stream != b.stream) g_stats.cross_stream_frees++;
-  if (cudaFreeAsync(p, stream) != cudaSuccess) return 9;
+  if (cudaFreeAsync(p, stream) != cudaSuccess) return CUPOOL_ERROR_CUDA;
   g_stats.num_frees++;
   level_add(g_stats.allocated_bytes, -(int64_t)((b.requested + 511) / 512 * 512));
   level_add(g_stats.requested_bytes, -(int64_t)b.requested);
@@ -153,7 +153,7 @@ cupool_status cupool_stats_json(int, char *buf, size_t len, size_t *needed) {
                    (unsigned long long)s.alloc_retries, (unsigned long long)s.num_ooms,
                    (unsigned long long)s.fences_recorded, (unsigned long long)s.cross_stream_frees);
   if (needed) *needed = (size_t)n + 1;
-  if (!buf || len < (size_t)n + 1) return 11;
+  if (!buf || len < (size_t)n + 1) return CUPOOL_ERROR_BUFFER_TOO_SMALL;
   memcpy(buf, tmp, (size_t)n + 1);
   return CUPOOL_OK;
 }
@@ -181,7 +181,7 @@ cupool_status cupool_set_memory_limit(int, size_t bytes) {
   return CUPOOL_OK;
 }
 cupool_status cupool_config_set(const char *key, const char *) {
-  return key && strcmp(key, "verbose") == 0 ? CUPOOL_OK : 7;
+  return key && strcmp(key, "verbose") == 0 ? CUPOOL_OK : CUPOOL_ERROR_UNKNOWN_CONFIG_KEY;
 }
 const char *cupool_status_string(cupool_status s) {
   static const char *names[] = {"success", "invalid value", "out of memory", "backend unavailable",

@@ -12,11 +12,11 @@ static_assert(offsetof(cupool_stats, allocated_bytes) == 8, "allocated_bytes aft
 static_assert(offsetof(cupool_stats, num_allocs) == 72, "counts after the four levels");
 static_assert(offsetof(cupool_stats, cross_stream_frees) == 144, "cross_stream_frees last");
 static_assert(CUPOOL_STATS_VERSION == CUP_STATS_VERSION, "stats struct version 1");
-static_assert(CUPOOL_OK == CUP_OK && CUPOOL_ERROR_INVALID_VALUE == CUP_INVALID_VALUE &&
-                  CUPOOL_ERROR_OUT_OF_MEMORY == CUP_OUT_OF_MEMORY &&
-                  CUPOOL_ERROR_BACKEND_UNAVAILABLE == CUP_BACKEND_UNAVAILABLE &&
-                  CUPOOL_ERROR_INVALID_POINTER == CUP_INVALID_POINTER &&
-                  CUPOOL_ERROR_DOUBLE_FREE == CUP_DOUBLE_FREE,
+static_assert((int)CUPOOL_OK == CUP_OK && (int)CUPOOL_ERROR_INVALID_VALUE == CUP_INVALID_VALUE &&
+                  (int)CUPOOL_ERROR_OUT_OF_MEMORY == CUP_OUT_OF_MEMORY &&
+                  (int)CUPOOL_ERROR_BACKEND_UNAVAILABLE == CUP_BACKEND_UNAVAILABLE &&
+                  (int)CUPOOL_ERROR_INVALID_POINTER == CUP_INVALID_POINTER &&
+                  (int)CUPOOL_ERROR_DOUBLE_FREE == CUP_DOUBLE_FREE,
               "status values of the C contract");
 
 int use_every_call() {

@@ -192,9 +192,6 @@ struct Shared {
     unsealed_fence_blocks: u64,
     fence_sealed: u64,
     fence_done: u64,
-    /// Misses in a row served by a fence pass that made exactly one large block reusable
-    /// (Note [lone fences]).
-    lone_fence_streak: u32,
     clock: u64,
     reserved: u64,
     reserved_peak: u64,
@@ -265,6 +262,10 @@ pub struct DevicePool {
     /// the option takes effect at once).
     limit: AtomicU64,
     capture_depth: AtomicU32,
+    /// Misses in a row served by a fence pass that made exactly one large block reusable
+    /// (Note [lone fences]). A heuristic's count: outside the pool lock, and a lost update
+    /// between racing threads only moves the second copy a little.
+    lone_fence_streak: AtomicU32,
     peak_epoch: AtomicU64,
     peaks: [AtomicU64; counters::LEVELS],
 }
@@ -285,7 +286,6 @@ impl DevicePool {
                 unsealed_fence_blocks: 0,
                 fence_sealed: 0,
                 fence_done: 0,
-                lone_fence_streak: 0,
                 clock: 1,
                 reserved: 0,
                 reserved_peak: 0,
@@ -295,6 +295,7 @@ impl DevicePool {
             events: std::sync::Mutex::new(()),
             limit: AtomicU64::new(LIMIT_FROM_CONFIG),
             capture_depth: AtomicU32::new(0),
+            lone_fence_streak: AtomicU32::new(0),
             peak_epoch: AtomicU64::new(0),
             peaks: core::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -479,24 +480,24 @@ impl DevicePool {
         if req.kind != SegmentKind::Large || req.size > config::get(Key::FenceSpareMax) {
             return false;
         }
-        let mut sh = self.shared.lock();
-        if sh.lone_fence_streak < SPARE_AFTER_LONE_FENCES {
-            return false;
-        }
-        sh.lone_fence_streak = 0;
-        true
+        let streak = self.lone_fence_streak.load(Ordering::Relaxed);
+        // Of racing misses, the one that resets the streak grows the copy.
+        streak >= SPARE_AFTER_LONE_FENCES
+            && self
+                .lone_fence_streak
+                .compare_exchange(streak, 0, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Counts a miss's fence pass for Note [lone fences]: it made `moved` blocks reusable,
     /// and the request was `served` from them.
     fn note_fence_pass(&self, req: Request, moved: usize, served: bool) {
         let lone = moved == 1 && served && req.kind == SegmentKind::Large;
-        let mut sh = self.shared.lock();
-        sh.lone_fence_streak = if lone {
-            sh.lone_fence_streak.saturating_add(1)
-        } else {
-            0
-        };
+        let streak = self.lone_fence_streak.load(Ordering::Relaxed);
+        let next = if lone { streak.saturating_add(1) } else { 0 };
+        if next != streak {
+            self.lone_fence_streak.store(next, Ordering::Relaxed);
+        }
     }
 
     /// Takes a fitting free block the caller may use, from its stream's own frees first,

@@ -338,15 +338,6 @@ pub fn describe_all() -> String {
     s
 }
 
-/// Restores every default (tests only; the pool must not be running).
-#[doc(hidden)]
-pub fn reset_to_defaults_for_tests() {
-    ensure_loaded();
-    for (i, o) in OPTIONS.iter().enumerate() {
-        VALUES[i].store(parse(o.kind, o.default).unwrap_or(0), Relaxed);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -61,11 +61,6 @@ fn level_from(v: u8) -> Level {
     }
 }
 
-/// Overrides the level (tests, and `CUPOOL_LOG` re-read after fork is not needed).
-pub fn set_level(l: Level) {
-    LEVEL.store(l as u8, Relaxed);
-}
-
 pub fn enabled(l: Level) -> bool {
     l != Level::Off && level() >= l
 }

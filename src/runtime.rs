@@ -156,7 +156,9 @@ pub fn mark_fork_child() {
     BACKEND_OFF.store(true, Ordering::Relaxed);
 }
 
-/// Whether this process is such a fork child.
+/// Whether this process is such a fork child (the interposer's hooks then pass every call
+/// through).
+#[inline]
 pub fn is_fork_child() -> bool {
     FORK_CHILD.load(Ordering::Relaxed)
 }

@@ -9,28 +9,16 @@
 mod host_pool;
 
 use cupool::backend::StreamHandle;
-use cupool::runtime::Runtime;
-use host_pool::{setup, S1, S2};
-
-/// Allocates and frees `n` streamless blocks of a segment each while the device holds
-/// all work in flight: every allocation after the first records a fence for the previous
-/// free and, finding it incomplete, grows. Returns the blocks in free order.
-fn fence_bound_blocks(rt: &Runtime, n: usize, size: usize) -> Vec<u64> {
-    (0..n)
-        .map(|_| {
-            let p = rt.alloc(size).unwrap();
-            rt.free(p).unwrap();
-            p
-        })
-        .collect()
-}
+use host_pool::{alloc_free_pairs, setup, S1, S2};
 
 #[test]
 fn a_poll_finds_the_newest_completed_fence_in_logarithmic_queries() {
     let (rt, host, ctx) = setup();
     host.set_manual_completion(ctx.id, true);
     let size = 12 << 20;
-    let blocks = fence_bound_blocks(rt, 33, size);
+    // With all work held in flight, each allocation after the first records a fence for
+    // the previous free and, finding it incomplete, grows.
+    let blocks = alloc_free_pairs(rt, 33, size);
     let outstanding = host.in_flight(ctx.id);
     assert!(outstanding >= 32, "{outstanding} fences in flight");
     // The device has run the work before the first 10 fences only.
@@ -56,7 +44,7 @@ fn fences_stop_being_recorded_while_the_device_is_far_behind() {
     let (rt, host, ctx) = setup();
     host.set_manual_completion(ctx.id, true);
     let size = 11 << 20;
-    let blocks = fence_bound_blocks(rt, 80, size);
+    let blocks = alloc_free_pairs(rt, 80, size);
     let s = rt.context_stats(ctx).unwrap();
     let in_flight = host.in_flight(ctx.id);
     assert!(in_flight <= 64, "{in_flight} fences outstanding (cap 64)");
@@ -180,4 +168,30 @@ fn a_reused_stream_handle_does_not_inherit_blocks() {
         rt.free_async(p, h).unwrap();
     }
     host.set_manual_completion(ctx.id, false);
+}
+
+/// The API library alone sees no capture: the backend refuses the fence (the CUDA backend
+/// asks `cuStreamIsCapturing` first), and the pool keeps the freed block waiting and grows,
+/// instead of failing the allocation or handing out a block nothing ordered.
+#[test]
+fn a_fence_refused_during_an_unseen_capture_leaves_the_block_waiting() {
+    let (rt, host, ctx) = setup();
+    let n = 30 << 20;
+    let a = rt.alloc(n).unwrap();
+    rt.free(a).unwrap();
+    host.set_capturing(ctx.id, true);
+    let b = rt.alloc(n).unwrap();
+    assert_ne!(a, b, "no fence, so no reuse");
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!((s.fences_recorded, s.num_ooms), (0, 0));
+    host.set_capturing(ctx.id, false);
+    rt.free(b).unwrap();
+    let c = rt.alloc(n).unwrap();
+    assert!(
+        c == a || c == b,
+        "after the capture, a fence makes the blocks reusable"
+    );
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!((s.device_allocs, s.fences_recorded), (2, 1));
+    rt.free(c).unwrap();
 }

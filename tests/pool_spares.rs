@@ -8,8 +8,7 @@
 
 mod host_pool;
 
-use cupool::runtime::Runtime;
-use host_pool::{setup, setup_on};
+use host_pool::{alloc_free_pairs, setup, setup_on};
 use std::sync::Mutex;
 
 /// Held by every test: some change `fence_spare_max`.
@@ -20,17 +19,6 @@ const LARGE: usize = 32 << 20;
 
 /// The ski-rental threshold of the pool (`SPARE_AFTER_LONE_FENCES`).
 const STREAK: usize = 256;
-
-/// `pairs` streamless alloc+free pairs of `size` bytes; returns the addresses handed out.
-fn pairs(rt: &Runtime, pairs: usize, size: usize) -> Vec<u64> {
-    (0..pairs)
-        .map(|_| {
-            let p = rt.alloc(size).unwrap();
-            rt.free(p).unwrap();
-            p
-        })
-        .collect()
-}
 
 fn with_spare_max<T>(value: &str, f: impl FnOnce() -> T) -> T {
     let before = cupool::config::get_text("fence_spare_max").unwrap();
@@ -45,7 +33,7 @@ fn a_loop_reusing_one_large_block_gets_a_second_copy_and_half_the_fences() {
     let _g = OPTIONS.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, host, ctx) = setup();
     // The first pair allocates the block; each later one fences it alone to reuse it.
-    let first = pairs(rt, STREAK + 1, LARGE);
+    let first = alloc_free_pairs(rt, STREAK + 1, LARGE);
     assert!(first.iter().all(|&p| p == first[0]), "one block, reused");
     let s = rt.context_stats(ctx).unwrap();
     assert_eq!(
@@ -56,13 +44,13 @@ fn a_loop_reusing_one_large_block_gets_a_second_copy_and_half_the_fences() {
 
     // The next miss grows the copy instead of fencing.
     let fences = host.counters().fences_recorded;
-    let next = pairs(rt, 1, LARGE)[0];
+    let next = alloc_free_pairs(rt, 1, LARGE)[0];
     assert_ne!(next, first[0], "the second copy");
     assert_eq!(host.counters().fences_recorded, fences, "no fence for it");
 
     // From now on one fence makes both copies reusable.
     let before = rt.context_stats(ctx).unwrap();
-    let steady = pairs(rt, 100, LARGE);
+    let steady = alloc_free_pairs(rt, 100, LARGE);
     let after = rt.context_stats(ctx).unwrap();
     assert_eq!(after.device_allocs, 2, "two copies, no more");
     assert_eq!(after.fences_recorded - before.fences_recorded, 50);
@@ -81,7 +69,7 @@ fn a_loop_reusing_one_large_block_gets_a_second_copy_and_half_the_fences() {
 fn blocks_above_fence_spare_max_keep_one_copy() {
     let _g = OPTIONS.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, _host, ctx) = setup();
-    with_spare_max("16M", || pairs(rt, 2 * STREAK, LARGE));
+    with_spare_max("16M", || alloc_free_pairs(rt, 2 * STREAK, LARGE));
     let s = rt.context_stats(ctx).unwrap();
     assert_eq!(s.device_allocs, 1);
     assert_eq!(
@@ -96,7 +84,7 @@ fn blocks_above_fence_spare_max_keep_one_copy() {
 fn fence_spare_max_zero_turns_second_copies_off() {
     let _g = OPTIONS.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, _host, ctx) = setup();
-    with_spare_max("0", || pairs(rt, 2 * STREAK, LARGE));
+    with_spare_max("0", || alloc_free_pairs(rt, 2 * STREAK, LARGE));
     assert_eq!(rt.context_stats(ctx).unwrap().device_allocs, 1);
     rt.empty_cache(Some(0)).unwrap();
 }
@@ -106,7 +94,7 @@ fn a_second_copy_past_the_memory_limit_is_skipped_without_an_error() {
     let _g = OPTIONS.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, _host, ctx) = setup_on(1);
     rt.set_memory_limit(1, LARGE as u64).unwrap();
-    let all = pairs(rt, 2 * STREAK + 10, LARGE);
+    let all = alloc_free_pairs(rt, 2 * STREAK + 10, LARGE);
     assert!(all.iter().all(|&p| p == all[0]));
     let s = rt.context_stats(ctx).unwrap();
     assert_eq!(s.device_allocs, 1);
@@ -139,7 +127,7 @@ fn small_blocks_never_get_a_copy() {
     let _g = OPTIONS.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, _host, ctx) = setup();
     // One 1 MiB block in a 2 MiB small segment: the other half serves every other reuse.
-    pairs(rt, 2 * STREAK, 1 << 20);
+    alloc_free_pairs(rt, 2 * STREAK, 1 << 20);
     assert_eq!(rt.context_stats(ctx).unwrap().device_allocs, 1);
     rt.empty_cache(Some(0)).unwrap();
 }

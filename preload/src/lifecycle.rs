@@ -4,24 +4,23 @@
 //!   the "interposition active" flag (an atomic): a process that never calls a CUDA entry
 //!   point runs untouched.
 //! - The pool starts on the first allocation hook that needs it. At that moment the exit
-//!   and fork handlers are registered. Registering at the first allocation (not at the
+//!   handler is registered. Registering at the first allocation (not at the
 //!   first `cuGetProcAddress`) matters for exit order: the CUDA runtime registers its own
 //!   teardown during its initialisation, before it allocates, so our exit handler, which
 //!   `atexit` runs in reverse order, runs first and marks the process as exiting before
 //!   the runtime or the driver tears anything down.
 //! - Exit: [`cupool::runtime::mark_exiting`] (no CUDA call from the pool from then on),
 //!   then the optional `CUPOOL_STATS_AT_EXIT` summary, written with one `write(2)`.
-//! - Fork: in the child of a process whose pool was live, every hook passes straight
-//!   through to the driver (which refuses a forked child anyway) and the pool is marked
-//!   dead for the C API too ([`cupool::runtime::mark_fork_child`]).
+//! - Fork: the pool registers its own fork handler when it starts
+//!   ([`cupool::runtime::mark_fork_child`]); in the child, every hook passes straight
+//!   through to the driver (which refuses a forked child anyway) and the C API reports the
+//!   pool unavailable.
 
 use core::sync::atomic::{
     AtomicBool, AtomicU8, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
 use cupool::runtime::Runtime;
 
-/// Set in a fork child of a process whose pool was live: hooks pass everything through.
-static FORK_CHILD: AtomicBool = AtomicBool::new(false);
 /// Set by the exit handler.
 static EXITING: AtomicBool = AtomicBool::new(false);
 /// Set once our code has seen the pool running.
@@ -40,7 +39,7 @@ static HANDLERS: AtomicU8 = AtomicU8::new(HANDLERS_NONE);
 /// wins over interposition.
 #[inline]
 pub fn pass_through() -> bool {
-    FORK_CHILD.load(Relaxed) || cupool::ffi::process_api::forwards_to_other_copy()
+    cupool::runtime::is_fork_child() || cupool::ffi::process_api::forwards_to_other_copy()
 }
 
 /// Whether the process has started exiting (our exit handler ran).
@@ -100,9 +99,8 @@ fn register_handlers_once() {
     // SAFETY: plain libc registrations of `extern "C"` functions that never unwind.
     unsafe {
         libc::atexit(on_exit);
-        libc::pthread_atfork(None, None, Some(on_fork_child));
     }
-    cupool::log::debug("cupool: preload hooks live; exit and fork handlers registered");
+    cupool::log::debug("cupool: preload hooks live; exit handler registered");
     HANDLERS.store(HANDLERS_DONE, Release);
 }
 
@@ -140,14 +138,6 @@ fn print_stats_at_exit() {
         }
     }
     cupool::log::write_stderr(text.as_bytes());
-}
-
-/// Runs in the child right after `fork`: only atomics here (async-signal-safe).
-extern "C" fn on_fork_child() {
-    if POOL_STARTED.load(Relaxed) {
-        FORK_CHILD.store(true, Relaxed);
-        cupool::runtime::mark_fork_child();
-    }
 }
 
 /// Called from the library constructor: atomics only.

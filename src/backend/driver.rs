@@ -120,8 +120,6 @@ pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_vo
 
 /// The driver functions cupool calls. Each is the variant named in its comment.
 pub struct DriverApi {
-    /// The `dlopen` handle of `libcuda.so.1` (never closed).
-    library: usize,
     /// `cuGetProcAddress_v2` (CUDA >= 12.0); `None` on older drivers.
     pub get_proc_address_v2: Option<GetProcAddressV2Fn>,
     /// `cuGetProcAddress` (the 4-argument v1, CUDA 11.3 to 12.x); used when v2 is absent.
@@ -164,11 +162,6 @@ pub struct DriverApi {
 }
 
 impl DriverApi {
-    /// The `dlopen` handle of the driver library.
-    pub fn library_handle(&self) -> *mut c_void {
-        self.library as *mut c_void
-    }
-
     /// Looks `symbol` up in the driver at `cuda_version` with `flags`, through
     /// `cuGetProcAddress_v2` (or v1 on drivers older than 12.0). Null when the driver has
     /// no such function at that version.
@@ -231,6 +224,7 @@ macro_rules! resolve {
 const LIBCUDA: &CStr = c"libcuda.so.1";
 
 fn load() -> BackendResult<DriverApi> {
+    // Never closed: the functions resolved from it are called until the process exits.
     let library = open_libcuda();
     if library.is_null() {
         log::info(&format!(
@@ -257,7 +251,6 @@ fn load() -> BackendResult<DriverApi> {
         return Err(BackendError::Unavailable);
     }
     let mut api = DriverApi {
-        library: library as usize,
         get_proc_address_v2: gpa_v2,
         get_proc_address_v1: gpa_v1,
         init: None,

@@ -42,7 +42,8 @@ struct State {
     next_event: u64,
     /// Contexts whose events complete only when a test says so.
     manual: std::collections::HashSet<u64>,
-    capturing: u32,
+    /// Contexts with a stream capture in progress that the pool was not told about.
+    capturing: std::collections::HashSet<u64>,
     /// Counters tests read.
     pub allocs: u64,
     pub releases: u64,
@@ -85,7 +86,7 @@ impl HostBackend {
                 events: HashMap::new(),
                 next_event: 1,
                 manual: std::collections::HashSet::new(),
-                capturing: 0,
+                capturing: std::collections::HashSet::new(),
                 allocs: 0,
                 releases: 0,
                 fences_recorded: 0,
@@ -176,13 +177,15 @@ impl HostBackend {
             .count()
     }
 
-    /// Simulates a stream capture in progress (context fences fail while one is active).
-    pub fn set_capturing(&self, on: bool) {
+    /// Simulates a stream capture in progress in `ctx` that the pool was not told about
+    /// (the API library alone has no capture hooks): context fences of `ctx` fail with
+    /// [`BackendError::Capturing`] while it is on, as the CUDA backend's probe makes them.
+    pub fn set_capturing(&self, ctx: ContextId, on: bool) {
         let mut s = self.state.lock();
         if on {
-            s.capturing += 1;
+            s.capturing.insert(ctx.0);
         } else {
-            s.capturing = s.capturing.saturating_sub(1);
+            s.capturing.remove(&ctx.0);
         }
     }
 
@@ -306,7 +309,7 @@ impl Backend for HostBackend {
     }
 
     fn record_context_fence(&self, ctx: ContextId) -> BackendResult<EventHandle> {
-        if self.state.lock().capturing > 0 {
+        if self.state.lock().capturing.contains(&ctx.0) {
             return Err(BackendError::Capturing);
         }
         let ev = self.record(ctx);

@@ -23,3 +23,15 @@ pub fn setup_on(device: i32) -> (&'static Runtime, &'static HostBackend, Context
     host.make_current(ctx);
     (rt, host, ctx)
 }
+
+/// `n` streamless alloc+free pairs of `size` bytes, one after the other; returns the
+/// addresses handed out, in order.
+pub fn alloc_free_pairs(rt: &Runtime, n: usize, size: usize) -> Vec<u64> {
+    (0..n)
+        .map(|_| {
+            let p = rt.alloc(size).unwrap();
+            rt.free(p).unwrap();
+            p
+        })
+        .collect()
+}

@@ -25,6 +25,8 @@ pub mod pool;
 pub mod runtime;
 #[cfg(not(loom))]
 pub mod stats;
+#[cfg(not(loom))]
+pub mod trace;
 pub mod status;
 pub(crate) mod sync;
 

@@ -1,0 +1,1 @@
+//! Recording. OWNER: recording helper. Skeleton only.

@@ -1,0 +1,1 @@
+//! Replay. OWNER: replay/CLI helper. Skeleton only.

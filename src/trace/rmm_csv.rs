@@ -1,0 +1,1 @@
+//! RMM's log CSV. OWNER: formats helper. Skeleton only.

@@ -1,0 +1,1 @@
+//! PyTorch memory snapshots. OWNER: formats helper. Skeleton only.

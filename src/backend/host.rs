@@ -1,8 +1,9 @@
 //! Host backend: host memory with simulated contexts, streams and events.
 //!
 //! It lets every pool test, the C API tests and users' own tests run on a machine with no
-//! GPU (`CUPOOL_CONF=backend:host`). Memory is real host memory (512-byte aligned), so a
-//! program can read and write what it allocates. Time is simulated: an event completes when
+//! GPU (`CUPOOL_CONF=backend:host`). Memory is real host memory, mapped so that only the pages
+//! a program writes cost RAM ([`map_device_memory`]): a program can read and write what it
+//! allocates, and a trace replay of tens of GiB runs on a small machine. Time is simulated: an event completes when
 //! the test says so (`complete_all`, `wait_event`) or at once when `host_auto_complete` is
 //! on (the default). Streams get unique ids; destroying a handle and reusing it gives a new
 //! id, as `cuStreamGetId` does.
@@ -227,6 +228,54 @@ impl HostBackend {
     }
 }
 
+/// Simulated device memory: an anonymous private mapping with `MAP_NORESERVE`, so a page
+/// costs host memory only once something writes to it. Tests that write into their blocks
+/// get real memory; a replay of a trace that reserved tens of GiB on a GPU touches none of
+/// it and runs on a small machine. Segments of 2 MiB and more are 2 MiB aligned, as the
+/// driver aligns them; smaller ones page aligned (the pool needs 512).
+fn map_device_memory(bytes: u64) -> Option<u64> {
+    const HUGE: usize = 2 << 20;
+    let bytes = usize::try_from(bytes).ok()?;
+    let align = if bytes >= HUGE { HUGE } else { 4096 };
+    let span = bytes.checked_add(align)?;
+    // SAFETY: a fresh anonymous mapping; nothing else refers to it.
+    let base = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            span,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return None;
+    }
+    let base = base as usize;
+    let start = base.next_multiple_of(align);
+    // Trim the unaligned head and the tail so that exactly [start, start + bytes) stays
+    // mapped (the page-rounded length, as munmap rounds it).
+    let end = (start + bytes).next_multiple_of(4096);
+    // SAFETY: both ranges lie inside the mapping made above and are page aligned.
+    unsafe {
+        if start > base {
+            libc::munmap(base as *mut libc::c_void, start - base);
+        }
+        if base + span > end {
+            libc::munmap(end as *mut libc::c_void, base + span - end);
+        }
+    }
+    Some(start as u64)
+}
+
+/// Unmaps what [`map_device_memory`] mapped.
+fn unmap_device_memory(ptr: u64, bytes: u64) {
+    // SAFETY: `ptr` came from map_device_memory with this size and was removed from the
+    // allocation table once, so nothing maps it twice or uses it after this.
+    unsafe { libc::munmap(ptr as *mut libc::c_void, bytes as usize) };
+}
+
 impl Backend for HostBackend {
     fn name(&self) -> &'static str {
         "host"
@@ -282,13 +331,9 @@ impl Backend for HostBackend {
         if s.live_bytes[device as usize] + bytes > s.capacity {
             return Err(BackendError::OutOfMemory);
         }
-        let align = if bytes >= 2 << 20 { 2 << 20 } else { 512 };
-        let mut p: *mut libc::c_void = core::ptr::null_mut();
-        // SAFETY: posix_memalign writes p on success only.
-        let rc = unsafe { libc::posix_memalign(&mut p, align, bytes as usize) };
-        if rc != 0 || p.is_null() {
+        let Some(p) = map_device_memory(bytes) else {
             return Err(BackendError::OutOfMemory);
-        }
+        };
         s.allocations.insert(p as u64, (bytes, device));
         s.live_bytes[device as usize] += bytes;
         s.allocs += 1;
@@ -303,8 +348,7 @@ impl Backend for HostBackend {
         s.live_bytes[device as usize] -= bytes;
         s.releases += 1;
         drop(s);
-        // SAFETY: allocated by posix_memalign above and removed from the table once.
-        unsafe { libc::free(ptr as *mut libc::c_void) };
+        unmap_device_memory(ptr, bytes);
         Ok(())
     }
 

@@ -65,8 +65,17 @@ pub static BACKEND_OFF: AtomicBool = AtomicBool::new(false);
 /// Largest block carved from small segments.
 pub const SMALL_MAX: u64 = 1 << 20;
 /// A large block is split only when the remainder is at least this big (smaller remainders
-/// stay with the block: splitting them off would only make fragments).
-const LARGE_SPLIT_MIN: u64 = 1 << 20;
+/// stay with the block: splitting them off would only make fragments). It is also the most
+/// a block handed out may exceed its rounded request by, on every path (Note [excess]).
+///
+/// Note [excess]: the shared index splits a larger free block down to the request unless
+/// the remainder is under this bound, and a segment of a block's own is rounded to 2 MiB
+/// with the same rule; the thread cache, which never splits, hands out a cached block only
+/// when it is less than this bound larger than the request. Before that rule a thread-cache
+/// hit could hand out a block of the same size class whole, up to 1/8 larger than asked
+/// (4 MiB on a 34 MiB request): memory the program could not use and the pool could not
+/// lend. `tests/pool_host.rs` checks the bound on every allocation.
+pub const LARGE_SPLIT_MIN: u64 = 1 << 20;
 /// Granularity of large segments (the driver's own).
 const SEGMENT_GRANULE: u64 = 2 << 20;
 /// Context fences outstanding at most before a poll stops recording new ones (each costs

@@ -128,6 +128,22 @@ impl ThreadCache {
         if d.size < size {
             return None;
         }
+        if d.size - size >= super::LARGE_SPLIT_MIN {
+            // Same class is not close enough (Note [excess] in the pool module): the block
+            // goes to its stream's index in the pool, where the slow path that follows
+            // this miss splits it down to the request instead of growing.
+            bin.len -= 1;
+            self.bytes -= d.size;
+            let stream = StreamRef {
+                id: slot.stream,
+                handle: slot.handle,
+            };
+            if let Some(p) = pool_by_index(pool) {
+                // SAFETY: the block was in this thread's cache, so this thread owns it.
+                unsafe { p.free_to_stream(stream, &[idx]) };
+            }
+            return None;
+        }
         bin.len -= 1;
         self.bytes -= d.size;
         Some(idx)

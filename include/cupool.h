@@ -78,6 +78,11 @@ typedef enum {
    * A bug inside cupool was caught at the C boundary (a panic); nothing crossed it.
    */
   CUPOOL_ERROR_INTERNAL = 13,
+  /**
+   * A file could not be created or written (`cupool_trace_start`); the line on stderr
+   * says which and why.
+   */
+  CUPOOL_ERROR_IO = 14,
 } cupool_status;
 
 /**
@@ -324,6 +329,36 @@ cupool_status cupool_config_set(const char *key, const char *value);
  * `needed_out` is NULL or valid for a write.
  */
 cupool_status cupool_config_get(const char *key, char *buf, size_t buf_len, size_t *needed_out);
+
+/**
+ * Starts recording every allocation and free of the process (all threads, all devices,
+ * failures included) to the file `path`, as RMM's log CSV (header
+ * `Thread,Time,Action,Pointer,Size,Stream`, then cupool's columns), zstd-compressed when
+ * `path` ends in `.zst`. The pool's own segment allocations and releases go to a second
+ * file beside it: `x.csv` becomes `x.driver.csv`, `x.csv.zst` `x.driver.csv.zst`, any
+ * other name gets `.driver.csv` appended (and `.zst` when it ends in `.zst`). `%p` in
+ * `path` is replaced by the process id. The environment variable `CUPOOL_TRACE=path` does
+ * the same when the pool starts.
+ *
+ * May be called before the first allocation. A trace already running is stopped (written
+ * out and closed) first. Events are buffered per thread and written when a buffer fills,
+ * when the thread exits, at `cupool_trace_stop` and at process exit; what was written
+ * survives a crash of the program. A write error stops the trace with one line on stderr;
+ * allocations never fail because of recording.
+ *
+ * `path` NULL, empty or not UTF-8: `CUPOOL_ERROR_INVALID_VALUE`. A file that cannot be
+ * created: `CUPOOL_ERROR_IO` (one line on stderr says why); no trace runs then.
+ *
+ * # Safety
+ * `path` is NULL or a NUL-terminated string.
+ */
+cupool_status cupool_trace_start(const char *path);
+
+/**
+ * Stops recording: writes everything recorded so far and closes the trace files.
+ * `CUPOOL_OK` also when no trace is running.
+ */
+cupool_status cupool_trace_stop(void);
 
 /**
  * A static, NUL-terminated English description of `status`. Never NULL: a value that is no

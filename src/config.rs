@@ -142,10 +142,12 @@ static LOADING: spin::Mutex<()> = spin::Mutex::new(());
 /// Set once the pool has started: options with `runtime: false` are frozen then.
 static FROZEN: AtomicBool = AtomicBool::new(false);
 
-fn parse_bool(v: &str) -> Option<u64> {
-    match v.to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Some(1),
-        "0" | "false" | "no" | "off" => Some(0),
+/// Parses a boolean as options take it: `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`
+/// (any case, surrounding blanks ignored). Also used for boolean environment variables.
+pub fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
         _ => None,
     }
 }
@@ -181,10 +183,11 @@ pub fn parse_bytes(v: &str) -> Option<u64> {
     }
 }
 
-fn parse(kind: ValueKind, v: &str) -> Option<u64> {
+/// Parses `v` as a value of `kind` (as `set` does); `None` when it is not one.
+pub fn parse(kind: ValueKind, v: &str) -> Option<u64> {
     let v = v.trim();
     match kind {
-        ValueKind::Bool => parse_bool(v),
+        ValueKind::Bool => parse_bool(v).map(u64::from),
         ValueKind::Bytes => parse_bytes(v),
         ValueKind::Count => v.parse::<u64>().ok(),
         ValueKind::Choice(words) => words
@@ -194,7 +197,8 @@ fn parse(kind: ValueKind, v: &str) -> Option<u64> {
     }
 }
 
-fn describe(kind: ValueKind) -> String {
+/// What a value of `kind` looks like, for error messages.
+pub fn describe(kind: ValueKind) -> String {
     match kind {
         ValueKind::Bool => "true or false".to_string(),
         ValueKind::Bytes => "a byte count such as 512, 64K, 2M or 8G".to_string(),

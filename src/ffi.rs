@@ -455,8 +455,56 @@ pub unsafe extern "C" fn cupool_config_get(
     })
 }
 
+/// Starts recording every allocation and free of the process (all threads, all devices,
+/// failures included) to the file `path`, as RMM's log CSV (header
+/// `Thread,Time,Action,Pointer,Size,Stream`, then cupool's columns), zstd-compressed when
+/// `path` ends in `.zst`. The pool's own segment allocations and releases go to a second
+/// file beside it: `x.csv` becomes `x.driver.csv`, `x.csv.zst` `x.driver.csv.zst`, any
+/// other name gets `.driver.csv` appended (and `.zst` when it ends in `.zst`). `%p` in
+/// `path` is replaced by the process id. The environment variable `CUPOOL_TRACE=path` does
+/// the same when the pool starts.
+///
+/// May be called before the first allocation. A trace already running is stopped (written
+/// out and closed) first. Events are buffered per thread and written when a buffer fills,
+/// when the thread exits, at `cupool_trace_stop` and at process exit; what was written
+/// survives a crash of the program. A write error stops the trace with one line on stderr;
+/// allocations never fail because of recording.
+///
+/// `path` NULL, empty or not UTF-8: `CUPOOL_ERROR_INVALID_VALUE`. A file that cannot be
+/// created: `CUPOOL_ERROR_IO` (one line on stderr says why); no trace runs then.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_trace_start(path: *const c_char) -> CupoolStatus {
+    if let Some(api) = process_api::other_copy() {
+        return (api.trace_start)(path);
+    }
+    guard(|| {
+        let path = c_text(path, CupoolErrorInvalidValue)?;
+        if path.is_empty() {
+            return Err(CupoolErrorInvalidValue);
+        }
+        crate::trace::record::start(path)
+    })
+}
+
+/// Stops recording: writes everything recorded so far and closes the trace files.
+/// `CUPOOL_OK` also when no trace is running.
+#[no_mangle]
+pub extern "C" fn cupool_trace_stop() -> CupoolStatus {
+    if let Some(api) = process_api::other_copy() {
+        // SAFETY: the table holds this same function of the copy that owns the pool.
+        return unsafe { (api.trace_stop)() };
+    }
+    guard(|| {
+        crate::trace::record::stop();
+        Ok(())
+    })
+}
+
 /// Every status, indexed by its value.
-const ALL_STATUSES: [CupoolStatus; 14] = [
+const ALL_STATUSES: [CupoolStatus; 15] = [
     CupoolOk,
     CupoolErrorInvalidValue,
     CupoolErrorOutOfMemory,
@@ -471,6 +519,7 @@ const ALL_STATUSES: [CupoolStatus; 14] = [
     CupoolErrorBufferTooSmall,
     CupoolErrorVersionMismatch,
     CupoolErrorInternal,
+    CupoolErrorIo,
 ];
 
 /// `text` followed by a NUL, built at compile time.
@@ -499,7 +548,7 @@ macro_rules! status_text {
     }};
 }
 
-static STATUS_TEXTS: [&CStr; 14] = [
+static STATUS_TEXTS: [&CStr; 15] = [
     status_text!(ALL_STATUSES[0]),
     status_text!(ALL_STATUSES[1]),
     status_text!(ALL_STATUSES[2]),
@@ -514,6 +563,7 @@ static STATUS_TEXTS: [&CStr; 14] = [
     status_text!(ALL_STATUSES[11]),
     status_text!(ALL_STATUSES[12]),
     status_text!(ALL_STATUSES[13]),
+    status_text!(ALL_STATUSES[14]),
 ];
 
 const UNKNOWN_STATUS_TEXT: &CStr = c"unknown cupool status";
@@ -586,7 +636,7 @@ mod tests {
 
     #[test]
     fn unknown_status_values_get_text() {
-        for v in [-1, 14, 1000, c_int::MIN, c_int::MAX] {
+        for v in [-1, 15, 1000, c_int::MIN, c_int::MAX] {
             let text = unsafe { CStr::from_ptr(cupool_status_string(v)) };
             assert_eq!(text, UNKNOWN_STATUS_TEXT);
         }

@@ -16,6 +16,8 @@ pub mod backend;
 #[cfg(not(loom))]
 pub mod config;
 #[cfg(not(loom))]
+pub mod dl;
+#[cfg(not(loom))]
 pub mod ffi;
 #[cfg(not(loom))]
 pub mod log;
@@ -25,10 +27,10 @@ pub mod pool;
 pub mod runtime;
 #[cfg(not(loom))]
 pub mod stats;
-#[cfg(not(loom))]
-pub mod trace;
 pub mod status;
 pub(crate) mod sync;
+#[cfg(not(loom))]
+pub mod trace;
 
 /// Under the model checker (`RUSTFLAGS="--cfg loom"`) only the pool's lock-free parts are
 /// built: the address map, the block records' hand-over tag, and the per-thread counters.

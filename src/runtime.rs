@@ -12,6 +12,7 @@ use crate::pool::thread_cache::{self, with_thread};
 use crate::pool::{self, DevicePool, StreamRef, ADDRESSES, BACKEND_OFF, BLOCKS, STREAMLESS};
 use crate::stats::CupoolStats;
 use crate::status::{CupoolStatus, Result};
+use crate::trace::record;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// What the pool knows about one live block (for address-range, IPC and attribute queries).
@@ -74,21 +75,31 @@ extern "C" fn on_fork_child() {
     mark_fork_child();
 }
 
-/// `CUPOOL_STATS_AT_EXIT=1`: a one-screen summary on stderr when the process exits.
-/// Counters only: no CUDA call (the driver may already be gone), one `write(2)`.
+/// The exit summary's handler when no other library prints it ([`claim_stats_at_exit`]).
 extern "C" fn print_stats_at_exit() {
-    let _ = std::panic::catch_unwind(|| {
-        let Some(rt) = runtime_if_started() else {
-            return;
-        };
-        let Ok(s) = rt.stats(None) else { return };
-        let mut text = format!(
-            "cupool: statistics at exit (backend {}, all devices)\n",
+    let _ = std::panic::catch_unwind(write_stats_at_exit);
+}
+
+/// The `CUPOOL_STATS_AT_EXIT` summary: one screen of counters on stderr, one `write(2)`.
+/// Counters only: no CUDA call (the driver may already be gone). The one place it is made
+/// (the preload library's exit handler calls it too).
+pub fn write_stats_at_exit() {
+    let pid = std::process::id();
+    let mut text = match RUNTIME.get() {
+        Some(Ok(rt)) => format!(
+            "cupool: statistics at exit (pid {pid}, backend {}, all devices)\n",
             rt.backend.name()
-        );
-        text.push_str(&s.to_text());
-        crate::log::write_stderr(text.as_bytes());
-    });
+        ),
+        _ => format!("cupool: statistics at exit (pid {pid})\n"),
+    };
+    match runtime_if_started().map(|rt| rt.stats(None)) {
+        Some(Ok(stats)) => text.push_str(&stats.to_text()),
+        Some(Err(status)) => {
+            text.push_str(&format!("  statistics unavailable: {}\n", status.as_str()));
+        }
+        None => text.push_str("  the pool never started: no allocation went through cupool\n"),
+    }
+    crate::log::write_stderr(text.as_bytes());
 }
 
 /// Set by a library that prints the exit summary itself (the preload library prints it
@@ -101,10 +112,23 @@ pub fn claim_stats_at_exit() {
     STATS_AT_EXIT_CLAIMED.store(true, Ordering::Relaxed);
 }
 
-fn stats_at_exit_requested() -> bool {
-    std::env::var("CUPOOL_STATS_AT_EXIT")
-        .map(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"))
-        .unwrap_or(false)
+/// Whether `CUPOOL_STATS_AT_EXIT` asks for the exit summary: a boolean as options take it
+/// ([`config::parse_bool`]); unset or empty is off, and a value that is no boolean is off
+/// with one line on stderr. The one parser of the variable (the preload library uses it).
+pub fn stats_at_exit_requested() -> bool {
+    let Ok(value) = std::env::var("CUPOOL_STATS_AT_EXIT") else {
+        return false;
+    };
+    if value.trim().is_empty() {
+        return false;
+    }
+    config::parse_bool(&value).unwrap_or_else(|| {
+        crate::log::error(&format!(
+            "cupool: CUPOOL_STATS_AT_EXIT='{}' is not a boolean (1/0, true/false, yes/no, on/off); no summary at exit",
+            value.trim()
+        ));
+        false
+    })
 }
 
 fn start() -> core::result::Result<Runtime, CupoolStatus> {
@@ -122,6 +146,7 @@ fn start() -> core::result::Result<Runtime, CupoolStatus> {
             libc::atexit(print_stats_at_exit);
         }
     }
+    crate::trace::record::start_from_env();
     let backend_name = config::BACKENDS
         .get(config::get(Key::Backend) as usize)
         .copied()
@@ -188,6 +213,78 @@ fn limit_for(device: i32) -> u64 {
     }
 }
 
+/// What a free learnt about its block, for the trace.
+#[derive(Copy, Clone)]
+struct Freed {
+    requested: u64,
+    size: u64,
+    device: i32,
+    stream_id: u64,
+}
+
+/// The size in the pool of the block the program holds at `ptr` (0 if none).
+fn block_size(ptr: DevicePtr) -> u64 {
+    ADDRESSES
+        .get(ptr)
+        .and_then(|i| BLOCKS.try_get(i))
+        .filter(|b| b.is_allocated_at(ptr))
+        // SAFETY: an allocated block's fields do not change until the program frees it,
+        // and the caller has just allocated it.
+        .map_or(0, |b| unsafe { b.data() }.size)
+}
+
+/// What an allocation learnt on its way, for the trace (each field unknown until set).
+#[derive(Copy, Clone)]
+struct Seen {
+    device: i32,
+    stream_id: u64,
+    /// The block's size in the pool when the fast path had it at hand; 0: look it up.
+    block: u64,
+}
+
+impl Seen {
+    const NOTHING: Seen = Seen {
+        device: record::NO_DEVICE,
+        stream_id: record::NO_STREAM_ID,
+        block: 0,
+    };
+
+    fn device(device: i32) -> Seen {
+        Seen {
+            device,
+            ..Seen::NOTHING
+        }
+    }
+}
+
+/// Records an allocation (a trace is running): a success with its block's size, a failure
+/// with the rounded request. `stream`: the handle of a stream-ordered call.
+#[inline(never)]
+fn trace_allocation(result: Result<DevicePtr>, size: usize, seen: Seen, stream: Option<u64>) {
+    let rounded = match result {
+        Ok(_) if seen.block != 0 => seen.block,
+        Ok(ptr) => block_size(ptr),
+        Err(_) => round_size(size as u64).unwrap_or(0),
+    };
+    let stream = stream.map(|h| (h, seen.stream_id));
+    record::allocation(result, size as u64, rounded, seen.device, stream);
+}
+
+/// Records a free (a trace is running); `stream`: the handle of a stream-ordered call.
+#[inline(never)]
+fn trace_free(result: Result<Freed>, ptr: DevicePtr, stream: Option<u64>) {
+    let known = result.ok();
+    let stream = stream.map(|h| (h, known.map_or(record::NO_STREAM_ID, |f| f.stream_id)));
+    record::free(
+        result.map(|_| ()),
+        ptr,
+        known.map_or(0, |f| f.requested),
+        known.map_or(0, |f| f.size),
+        known.map_or(record::NO_DEVICE, |f| f.device),
+        stream,
+    );
+}
+
 impl Runtime {
     pub fn backend(&self) -> &'static dyn Backend {
         self.backend
@@ -228,9 +325,17 @@ impl Runtime {
     /// Streamless allocation in the calling thread's current context: the block is safe to
     /// use from any stream (no pending work on it).
     pub fn alloc(&self, size: usize) -> Result<DevicePtr> {
-        let rounded = Self::rounded(size)?;
-        let pool = self.current_pool()?;
-        Self::alloc_streamless(pool, rounded, size)
+        let mut device = record::NO_DEVICE;
+        let result = (|| {
+            let rounded = Self::rounded(size)?;
+            let pool = self.current_pool()?;
+            device = pool.ctx.device;
+            Self::alloc_streamless(pool, rounded, size)
+        })();
+        if record::active() {
+            trace_allocation(result, size, Seen::device(device), None);
+        }
+        result
     }
 
     /// Streamless allocation only in a context the calling thread already has current;
@@ -244,8 +349,12 @@ impl Runtime {
         else {
             return Ok(None);
         };
-        let rounded = Self::rounded(size)?;
-        Self::alloc_streamless(self.pool_of(ctx)?, rounded, size).map(Some)
+        let result = Self::rounded(size)
+            .and_then(|rounded| Self::alloc_streamless(self.pool_of(ctx)?, rounded, size));
+        if record::active() {
+            trace_allocation(result, size, Seen::device(ctx.device), None);
+        }
+        result.map(Some)
     }
 
     fn alloc_streamless(pool: &'static DevicePool, rounded: u64, size: usize) -> Result<DevicePtr> {
@@ -263,9 +372,27 @@ impl Runtime {
     /// Stream-ordered allocation: the block may be used by `stream` at once.
     #[inline]
     pub fn alloc_async(&self, size: usize, stream: StreamHandle) -> Result<DevicePtr> {
+        let mut seen = Seen::NOTHING;
+        let result = self.alloc_on_stream(size, stream, &mut seen);
+        if record::active() {
+            trace_allocation(result, size, seen, Some(stream as u64));
+        }
+        result
+    }
+
+    /// [`Runtime::alloc_async`]; `seen` receives what the call learnt, for the trace.
+    #[inline(always)]
+    fn alloc_on_stream(
+        &self,
+        size: usize,
+        stream: StreamHandle,
+        seen: &mut Seen,
+    ) -> Result<DevicePtr> {
         let rounded = Self::rounded(size)?;
         let pool = self.current_pool()?;
+        seen.device = pool.ctx.device;
         let sid = self.backend.stream_id(stream).map_err(CupoolStatus::from)?;
+        seen.stream_id = sid.0;
         with_thread(|ts, mut cache| {
             let c = ts.counters(pool.index);
             if let Some(cache) = cache.as_deref_mut() {
@@ -278,6 +405,7 @@ impl Runtime {
                     d.stream = sid.0;
                     d.handle = stream as u64;
                     pool.note_allocated(c, d.size, size as u64);
+                    seen.block = d.size;
                     b.publish_allocated(d.ptr);
                     return Ok(d.ptr);
                 }
@@ -332,22 +460,42 @@ impl Runtime {
 
     /// Streamless free: reused only after a context fence recorded after this call completes.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let (idx, pool) = Self::take_back(ptr)?;
-        with_thread(|ts, _| {
-            let c = ts.counters(pool.index);
-            // SAFETY: `take_back` made this thread the owner.
-            let d = unsafe { BLOCKS.get(idx).data() };
-            pool.note_freed(c, d.size, d.requested);
-            // SAFETY: as above.
-            unsafe { pool.free_to_fence(idx, false) };
+        let result = Self::take_back(ptr).map(|(idx, pool)| {
+            with_thread(|ts, _| {
+                let c = ts.counters(pool.index);
+                // SAFETY: `take_back` made this thread the owner.
+                let d = unsafe { BLOCKS.get(idx).data() };
+                let freed = Freed {
+                    requested: d.requested,
+                    size: d.size,
+                    device: pool.ctx.device,
+                    stream_id: record::NO_STREAM_ID,
+                };
+                pool.note_freed(c, d.size, d.requested);
+                // SAFETY: as above.
+                unsafe { pool.free_to_fence(idx, false) };
+                freed
+            })
         });
-        Ok(())
+        if record::active() {
+            trace_free(result, ptr, None);
+        }
+        result.map(|_| ())
     }
 
     /// Stream-ordered free on `stream`. A block allocated on another stream is made safe
     /// with a context fence instead (the pool cannot know the two streams are ordered).
     #[inline]
     pub fn free_async(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<()> {
+        let result = self.free_on_stream(ptr, stream);
+        if record::active() {
+            trace_free(result, ptr, Some(stream as u64));
+        }
+        result.map(|_| ())
+    }
+
+    #[inline(always)]
+    fn free_on_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<Freed> {
         let (idx, pool) = Self::take_back(ptr)?;
         // SAFETY: `take_back` made this thread the owner.
         let (alloc_stream, alloc_handle) = {
@@ -375,11 +523,17 @@ impl Runtime {
             // SAFETY: `take_back` made this thread the owner.
             let d = unsafe { BLOCKS.get(idx).data() };
             let (size, requested, alloc_stream) = (d.size, d.requested, d.stream);
+            let freed = Freed {
+                requested,
+                size,
+                device: pool.ctx.device,
+                stream_id: sid.0,
+            };
             pool.note_freed(c, size, requested);
             if alloc_stream != STREAMLESS && alloc_stream != sid.0 {
                 // SAFETY: as above.
                 unsafe { pool.free_to_fence(idx, true) };
-                return;
+                return Ok(freed);
             }
             let s = StreamRef {
                 id: sid.0,
@@ -387,13 +541,13 @@ impl Runtime {
             };
             if let Some(cache) = cache {
                 if cache.put(pool.index, s, idx, size) {
-                    return;
+                    return Ok(freed);
                 }
             }
             // SAFETY: as above.
             unsafe { pool.free_to_stream(s, &[idx]) };
-        });
-        Ok(())
+            Ok(freed)
+        })
     }
 
     /// What the pool knows about the live block found by `find_containing`, checked

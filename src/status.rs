@@ -36,6 +36,9 @@ pub enum CupoolStatus {
     CupoolErrorVersionMismatch = 12,
     /// A bug inside cupool was caught at the C boundary (a panic); nothing crossed it.
     CupoolErrorInternal = 13,
+    /// A file could not be created or written (`cupool_trace_start`); the line on stderr
+    /// says which and why.
+    CupoolErrorIo = 14,
 }
 
 impl CupoolStatus {
@@ -60,6 +63,7 @@ impl CupoolStatus {
             CupoolStatus::CupoolErrorBufferTooSmall => "buffer too small",
             CupoolStatus::CupoolErrorVersionMismatch => "struct size or version not supported",
             CupoolStatus::CupoolErrorInternal => "internal error in cupool (please report)",
+            CupoolStatus::CupoolErrorIo => "a file could not be created or written",
         }
     }
 }

@@ -139,6 +139,7 @@ fn run_with_args(exe: &Path, args: &[&str], conf: Option<&str>, detect_leaks: bo
     cmd.env_remove("CUPOOL_CONF")
         .env_remove("CUPOOL_LOG")
         .env_remove("CUPOOL_STATS_AT_EXIT")
+        .env_remove("CUPOOL_TRACE")
         .env_remove("LD_PRELOAD")
         .env(
             "ASAN_OPTIONS",
@@ -227,6 +228,30 @@ fn config_status_strings_and_version() {
 #[test]
 fn bad_input_is_refused_without_harm() {
     run_c_test("bad_input", HOST);
+}
+
+#[test]
+fn trace_start_and_stop_record_to_files() {
+    let dir_for = |linkage: Linkage| {
+        let dir = artifacts()
+            .c_out_dir
+            .join(format!("trace-files-{linkage:?}").to_lowercase());
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the trace directory");
+        dir
+    };
+    run_c_test_with_args("trace", HOST, |linkage| {
+        vec![dir_for(linkage).to_string_lossy().into_owned()]
+    });
+    // What the C program wrote reads back as a trace.
+    for linkage in [Linkage::Shared, Linkage::Static] {
+        let dir = artifacts()
+            .c_out_dir
+            .join(format!("trace-files-{linkage:?}").to_lowercase());
+        let trace = cupool::trace::io::read_trace(&dir.join("trace.csv"))
+            .unwrap_or_else(|e| panic!("{linkage:?}: {e}"));
+        assert_eq!(trace.events.len(), 6, "{linkage:?}");
+    }
 }
 
 #[test]

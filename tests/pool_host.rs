@@ -7,9 +7,9 @@
 mod host_pool;
 
 use cupool::backend::ContextInfo;
+use cupool::pool::LARGE_SPLIT_MIN;
 use cupool::CupoolStatus;
 use host_pool::{setup, setup_on, S1, S2};
-use cupool::pool::LARGE_SPLIT_MIN;
 use proptest::prelude::*;
 
 fn round(n: u64) -> u64 {
@@ -234,7 +234,10 @@ fn op() -> impl Strategy<Value = Op> {
 /// outside CI); a failure saves its seed to `pool_host.proptest-regressions` as usual.
 fn model_test_config() -> ProptestConfig {
     let mut config = ProptestConfig::default();
-    match std::env::var("CUPOOL_RANDOM_TESTS").ok().and_then(|n| n.parse().ok()) {
+    match std::env::var("CUPOOL_RANDOM_TESTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
         Some(cases) => {
             config.cases = cases;
             config.rng_seed = proptest::test_runner::RngSeed::Random;

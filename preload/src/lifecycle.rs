@@ -10,7 +10,10 @@
 //!   `atexit` runs in reverse order, runs first and marks the process as exiting before
 //!   the runtime or the driver tears anything down.
 //! - Exit: [`cupool::runtime::mark_exiting`] (no CUDA call from the pool from then on),
-//!   then the optional `CUPOOL_STATS_AT_EXIT` summary, written with one `write(2)`.
+//!   then the optional `CUPOOL_STATS_AT_EXIT` summary ([`cupool::runtime::write_stats_at_exit`],
+//!   the variable parsed by [`cupool::runtime::stats_at_exit_requested`]), one `write(2)`.
+//! - `CUPOOL_TRACE`: the pool starts recording when it starts (the runtime reads it), and
+//!   the recorder's own exit handler writes what is left.
 //! - Fork: the pool registers its own fork handler when it starts
 //!   ([`cupool::runtime::mark_fork_child`]); in the child, every hook passes straight
 //!   through to the driver (which refuses a forked child anyway) and the C API reports the
@@ -95,7 +98,7 @@ fn register_handlers_once() {
     {
         return; // another thread is registering, or has
     }
-    STATS_AT_EXIT.store(stats_at_exit_requested(), Relaxed);
+    STATS_AT_EXIT.store(cupool::runtime::stats_at_exit_requested(), Relaxed);
     // SAFETY: plain libc registrations of `extern "C"` functions that never unwind.
     unsafe {
         libc::atexit(on_exit);
@@ -104,40 +107,14 @@ fn register_handlers_once() {
     HANDLERS.store(HANDLERS_DONE, Release);
 }
 
-fn stats_at_exit_requested() -> bool {
-    match std::env::var("CUPOOL_STATS_AT_EXIT") {
-        Ok(v) => matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "1" | "true" | "yes" | "on"
-        ),
-        Err(_) => false,
-    }
-}
-
 extern "C" fn on_exit() {
     EXITING.store(true, Relaxed);
     let _ = std::panic::catch_unwind(|| {
         cupool::runtime::mark_exiting();
         if STATS_AT_EXIT.load(Relaxed) {
-            print_stats_at_exit();
+            cupool::runtime::write_stats_at_exit();
         }
     });
-}
-
-/// One screen of counters, one `write(2)`. No CUDA call: stats are host-side counters.
-fn print_stats_at_exit() {
-    let pid = std::process::id();
-    let mut text = format!("cupool: statistics at exit (pid {pid})\n");
-    match cupool::runtime::runtime_if_started().map(|rt| rt.stats(None)) {
-        Some(Ok(stats)) => text.push_str(&stats.to_text()),
-        Some(Err(status)) => {
-            text.push_str(&format!("  statistics unavailable: {}\n", status.as_str()));
-        }
-        None => {
-            text.push_str("  the pool never started: every call went to the driver unchanged\n")
-        }
-    }
-    cupool::log::write_stderr(text.as_bytes());
 }
 
 /// Called from the library constructor: atomics only.

@@ -2,71 +2,18 @@
 //!
 //! Note [never our own hook]: a call to `dlsym` made from inside this library binds to our
 //! exported `dlsym` (self-interposition), and `dlsym(RTLD_DEFAULT, "cuMemAlloc_v2")` finds
-//! our export first. So the real `dlsym` is found with `dlvsym(RTLD_NEXT, ...)` (which
-//! skips this library and is not hooked), and libcuda's functions are resolved with the
-//! real `dlsym` on libcuda's own handle, which searches libcuda and its dependencies only.
+//! our export first. So the real `dlsym` is cupool's one lookup of it ([`cupool::dl`]:
+//! `dlvsym(RTLD_NEXT, "dlsym", version)`, which skips this library, is not hooked, and never
+//! matches our unversioned hook), and libcuda's functions are resolved with the real
+//! `dlsym` on libcuda's own handle, which searches libcuda and its dependencies only.
 //! Every address is cached in an atomic: no lock, no allocation after the first lookup.
 
 use crate::table::{Slot, SLOT_COUNT};
-use core::ffi::{c_char, c_int, c_void};
+use core::ffi::{c_int, c_void};
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicPtr, Ordering::Acquire, Ordering::Release};
 
-/// glibc's `dlsym` signature.
-pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
-
-/// `RTLD_NEXT` (glibc): search the objects after the caller's.
-pub const RTLD_NEXT: *mut c_void = -1isize as *mut c_void;
-/// `RTLD_DEFAULT` (glibc): the global scope.
-pub const RTLD_DEFAULT: *mut c_void = null_mut();
-
-static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-
-/// Versions glibc has given `dlsym`: 2.34 moved it into libc proper; the older ones are
-/// the original x86-64 and aarch64 versions.
-const DLSYM_VERSIONS: [&[u8]; 3] = [b"GLIBC_2.34\0", b"GLIBC_2.2.5\0", b"GLIBC_2.17\0"];
-
-/// glibc's `dlsym`, or `None` when it cannot be found (then nothing can be resolved).
-/// Lock- and allocation-free once resolved (the library constructor resolves it early).
-#[inline]
-pub fn real_dlsym() -> Option<DlsymFn> {
-    let mut p = REAL_DLSYM.load(Acquire);
-    if p.is_null() {
-        p = resolve_real_dlsym();
-    }
-    if p.is_null() {
-        None
-    } else {
-        // SAFETY: `p` is the address of glibc's `dlsym`, which has this signature.
-        Some(unsafe { core::mem::transmute::<*mut c_void, DlsymFn>(p) })
-    }
-}
-
-/// Looks the real `dlsym` up with `dlvsym`, which we do not hook. Safe to race: every
-/// thread finds the same address.
-pub fn resolve_real_dlsym() -> *mut c_void {
-    for version in DLSYM_VERSIONS {
-        // SAFETY: both strings are NUL-terminated literals.
-        let p = unsafe { libc::dlvsym(RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr().cast()) };
-        if !p.is_null() {
-            REAL_DLSYM.store(p, Release);
-            return p;
-        }
-    }
-    null_mut()
-}
-
-/// Calls the real `dlsym`; NULL when it cannot be found.
-///
-/// # Safety
-/// As `dlsym`: `name` must be NULL or NUL-terminated.
-pub unsafe fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    match real_dlsym() {
-        // SAFETY: forwarded unchanged.
-        Some(f) => unsafe { f(handle, name) },
-        None => null_mut(),
-    }
-}
+pub use cupool::dl::{dlsym, real_dlsym, resolve_real_dlsym, DlsymFn};
 
 static LIBCUDA: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
 const LIBCUDA_SONAME: &core::ffi::CStr = c"libcuda.so.1";

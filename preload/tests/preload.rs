@@ -377,6 +377,59 @@ fn stats_at_exit_prints_a_summary() {
     assert!(err.contains("num_allocs"), "stderr:\n{err}");
     let quiet = run(&exe, &["loop"], true, &[]);
     assert!(!String::from_utf8_lossy(&quiet.stderr).contains("statistics at exit"));
+    // One parser, the options' booleans: `FALSE` is off, `2` is no boolean (off, said once).
+    for (value, on) in [
+        ("TRUE", true),
+        ("yes", true),
+        ("FALSE", false),
+        ("off", false),
+    ] {
+        let out = run(&exe, &["loop"], true, &[("CUPOOL_STATS_AT_EXIT", value)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.contains("statistics at exit"), on, "{value}: {err}");
+    }
+    let out = run(&exe, &["loop"], true, &[("CUPOOL_STATS_AT_EXIT", "2")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("statistics at exit"), "{err}");
+    assert!(
+        err.contains("CUPOOL_STATS_AT_EXIT='2' is not a boolean"),
+        "{err}"
+    );
+}
+
+#[test]
+fn cupool_trace_records_the_programs_driver_calls() {
+    let exe = support::driver_program(Reach::Linked);
+    let dir = support::scratch().join("preload-trace");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("loop.csv.zst");
+    let results = run_ok(
+        &exe,
+        &["loop"],
+        true,
+        &[("CUPOOL_TRACE", path.to_str().unwrap())],
+    );
+    let trace = cupool::trace::io::read_trace(&path).unwrap_or_else(|e| panic!("{e}"));
+    let allocs: u64 = results.get("program_allocs").parse().unwrap();
+    let count = |a| trace.events.iter().filter(|e| e.action == a).count() as u64;
+    assert_eq!(count(cupool::trace::Action::Allocate), allocs);
+    assert_eq!(count(cupool::trace::Action::Free), allocs);
+    assert!(trace
+        .events
+        .iter()
+        .all(|e| e.streamless && e.result.is_none()));
+    // The pool's segments are in the driver file, one row per driver allocation.
+    let driver = dir.join("loop.driver.csv.zst");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut cupool::trace::io::open(&driver).unwrap(), &mut text)
+        .unwrap();
+    let segments = text
+        .lines()
+        .filter(|l| l.contains(",segment_alloc,"))
+        .count();
+    let driver_allocs: usize = results.get("driver_allocs").parse().unwrap();
+    assert_eq!(segments, driver_allocs, "{text}");
 }
 
 #[test]

@@ -37,6 +37,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 const EVENT_DISABLE_TIMING: u32 = 2;
 /// `CU_STREAM_LEGACY`: the legacy default stream whatever the caller's default-stream mode.
 const STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_NON_BLOCKING`: a created stream does not wait for the legacy stream.
+const STREAM_NON_BLOCKING: u32 = 0x1;
 /// `CU_STREAM_CAPTURE_STATUS_NONE`.
 const CAPTURE_STATUS_NONE: c_int = 0;
 
@@ -315,6 +317,23 @@ impl Backend for CudaBackend {
         // driver knows) and a valid out-pointer.
         check(unsafe { get_id(stream as CUstream, &mut id) })?;
         Ok(StreamId(id))
+    }
+
+    fn create_stream(&self, ctx: ContextId) -> BackendResult<StreamHandle> {
+        let create = required(self.api.stream_create)?;
+        self.with_context(ctx, || {
+            let mut stream: CUstream = null_mut();
+            // SAFETY: valid out-pointer; the stream belongs to `ctx`, which is current.
+            check(unsafe { create(&mut stream, STREAM_NON_BLOCKING) })?;
+            Ok(stream as StreamHandle)
+        })
+    }
+
+    fn destroy_stream(&self, ctx: ContextId, stream: StreamHandle) -> BackendResult<()> {
+        let destroy = required(self.api.stream_destroy)?;
+        // SAFETY: a stream `create_stream` made in `ctx` (the caller's contract); work
+        // still queued on it completes before the driver frees it.
+        self.with_context(ctx, || check(unsafe { destroy(stream as CUstream) }))
     }
 
     fn allocate(&self, ctx: ContextId, bytes: u64) -> BackendResult<DevicePtr> {

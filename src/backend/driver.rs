@@ -116,7 +116,6 @@ pub type GetProcAddressV1Fn = unsafe extern "C" fn(
     cuda_version: c_int,
     flags: u64,
 ) -> CuResult;
-pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
 /// The driver functions cupool calls. Each is the variant named in its comment.
 pub struct DriverApi {
@@ -159,6 +158,10 @@ pub struct DriverApi {
     pub event_destroy: Option<unsafe extern "C" fn(CUevent) -> CuResult>,
     /// `cuCtxRecordEvent` (CUDA >= 12.5).
     pub ctx_record_event: Option<unsafe extern "C" fn(CUcontext, CUevent) -> CuResult>,
+    /// `cuStreamCreate` (replay makes the streams a trace names).
+    pub stream_create: Option<unsafe extern "C" fn(*mut CUstream, c_uint) -> CuResult>,
+    /// `cuStreamDestroy_v2`.
+    pub stream_destroy: Option<unsafe extern "C" fn(CUstream) -> CuResult>,
 }
 
 impl DriverApi {
@@ -236,8 +239,8 @@ fn load() -> BackendResult<DriverApi> {
     // SAFETY: a live handle and NUL-terminated names; each symbol, when present, is
     // the driver's function of that name with the declared signature.
     let (gpa_v2, gpa_v1) = unsafe {
-        let v2 = real_dlsym(library, c"cuGetProcAddress_v2".as_ptr());
-        let v1 = real_dlsym(library, c"cuGetProcAddress".as_ptr());
+        let v2 = crate::dl::dlsym(library, c"cuGetProcAddress_v2".as_ptr());
+        let v1 = crate::dl::dlsym(library, c"cuGetProcAddress".as_ptr());
         (
             (!v2.is_null()).then(|| core::mem::transmute::<*mut c_void, GetProcAddressV2Fn>(v2)),
             (!v1.is_null()).then(|| core::mem::transmute::<*mut c_void, GetProcAddressV1Fn>(v1)),
@@ -276,6 +279,8 @@ fn load() -> BackendResult<DriverApi> {
         event_synchronize: None,
         event_destroy: None,
         ctx_record_event: None,
+        stream_create: None,
+        stream_destroy: None,
     };
     // The query version of each function is the first release whose variant we call.
     api.init = resolve!(api, c"cuInit", 2000);
@@ -301,6 +306,8 @@ fn load() -> BackendResult<DriverApi> {
     api.event_synchronize = resolve!(api, c"cuEventSynchronize", 2000);
     api.event_destroy = resolve!(api, c"cuEventDestroy", 4000);
     api.ctx_record_event = resolve!(api, c"cuCtxRecordEvent", 12050);
+    api.stream_create = resolve!(api, c"cuStreamCreate", 2000);
+    api.stream_destroy = resolve!(api, c"cuStreamDestroy", 4000);
     Ok(api)
 }
 
@@ -357,45 +364,6 @@ pub fn real_get_proc_address_v2() -> Option<GetProcAddressV2Fn> {
     driver().ok().and_then(|d| d.get_proc_address_v2)
 }
 
-/// glibc's `RTLD_NEXT` and `RTLD_DEFAULT` (not exported by the `libc` crate for gnu).
-const RTLD_NEXT: *mut c_void = -1isize as *mut c_void;
-const RTLD_DEFAULT: *mut c_void = core::ptr::null_mut();
-
-/// glibc's own `dlsym`, found with `dlvsym` so that an interposed public `dlsym` (the
-/// preload library's hook) is never called from our code.
-fn real_dlsym_fn() -> Option<DlsymFn> {
-    static REAL: OnceLock<Option<DlsymFn>> = OnceLock::new();
-    *REAL.get_or_init(|| {
-        for scope in [RTLD_NEXT, RTLD_DEFAULT] {
-            for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
-                // SAFETY: dlvsym with NUL-terminated names; the result, when non-null, is
-                // glibc's dlsym.
-                let p = unsafe { libc::dlvsym(scope, c"dlsym".as_ptr(), version.as_ptr()) };
-                if !p.is_null() {
-                    // SAFETY: dlsym has exactly this signature.
-                    return Some(unsafe { core::mem::transmute::<*mut c_void, DlsymFn>(p) });
-                }
-            }
-        }
-        None
-    })
-}
-
-/// `dlsym(handle, name)` through glibc's real `dlsym`, never an interposed one; null when
-/// not found (or when the real `dlsym` cannot be found, which glibc makes impossible in
-/// practice). The preload's `dlsym` hook forwards through this.
-///
-/// # Safety
-/// `handle` must be `RTLD_DEFAULT`, `RTLD_NEXT` or a live `dlopen` handle, and `name` null
-/// or a NUL-terminated string.
-pub unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    match real_dlsym_fn() {
-        // SAFETY: the caller's guarantees; `f` is glibc's dlsym.
-        Some(f) => unsafe { f(handle, name) },
-        None => core::ptr::null_mut(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,15 +406,5 @@ mod tests {
     fn missing_function_is_unavailable() {
         let missing: Option<unsafe extern "C" fn() -> CuResult> = None;
         assert_eq!(required(missing).err(), Some(BackendError::Unavailable));
-    }
-
-    #[test]
-    fn real_dlsym_finds_libc_functions_and_not_missing_ones() {
-        // SAFETY: lookups in the global scope with NUL-terminated names.
-        unsafe {
-            assert!(!real_dlsym(RTLD_DEFAULT, c"malloc".as_ptr()).is_null());
-            let missing = c"cupool_no_such_symbol_anywhere";
-            assert!(real_dlsym(RTLD_DEFAULT, missing.as_ptr()).is_null());
-        }
     }
 }

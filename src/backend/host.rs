@@ -13,6 +13,7 @@ use super::{
     StreamHandle, StreamId,
 };
 use crate::config::{self, Key};
+use core::sync::atomic::{AtomicUsize, Ordering};
 use std::cell::Cell;
 use std::collections::HashMap;
 
@@ -23,6 +24,12 @@ pub const DEFAULT_CAPACITY: u64 = 8 << 30;
 /// First id of contexts made with [`HostBackend::create_context`] (primary contexts are
 /// `device + 1`).
 const FIRST_EXTRA_CONTEXT: u64 = 1000;
+
+/// Handles [`Backend::create_stream`] hands out: from here, `CREATED_STREAM_STEP` apart
+/// (aligned like real `CUstream` pointers).
+const FIRST_CREATED_STREAM: StreamHandle = 0x5eed_0000_0000;
+const CREATED_STREAM_STEP: StreamHandle = 0x100;
+static NEXT_CREATED_STREAM: AtomicUsize = AtomicUsize::new(FIRST_CREATED_STREAM);
 
 thread_local! {
     static CURRENT: Cell<Option<ContextInfo>> = const { Cell::new(None) };
@@ -322,6 +329,30 @@ impl Backend for HostBackend {
         Ok(StreamId(id))
     }
 
+    /// A handle no stream of the process has used, in a range of its own (far from the
+    /// small made-up handles tests pass), with a new id.
+    fn create_stream(&self, ctx: ContextId) -> BackendResult<StreamHandle> {
+        self.device_of(ctx)?;
+        let mut s = self.state.lock();
+        loop {
+            let handle = NEXT_CREATED_STREAM.fetch_add(CREATED_STREAM_STEP, Ordering::Relaxed);
+            if s.streams.contains_key(&handle) {
+                continue;
+            }
+            let id = s.next_stream_id;
+            s.next_stream_id += 1;
+            s.streams.insert(handle, id);
+            return Ok(handle);
+        }
+    }
+
+    fn destroy_stream(&self, _ctx: ContextId, stream: StreamHandle) -> BackendResult<()> {
+        match self.state.lock().streams.remove(&stream) {
+            Some(_) => Ok(()),
+            None => Err(BackendError::InvalidValue),
+        }
+    }
+
     fn allocate(&self, ctx: ContextId, bytes: u64) -> BackendResult<DevicePtr> {
         let device = self.device_of(ctx)?;
         let mut s = self.state.lock();
@@ -334,10 +365,10 @@ impl Backend for HostBackend {
         let Some(p) = map_device_memory(bytes) else {
             return Err(BackendError::OutOfMemory);
         };
-        s.allocations.insert(p as u64, (bytes, device));
+        s.allocations.insert(p, (bytes, device));
         s.live_bytes[device as usize] += bytes;
         s.allocs += 1;
-        Ok(p as u64)
+        Ok(p)
     }
 
     fn release(&self, _ctx: ContextId, ptr: DevicePtr, _bytes: u64) -> BackendResult<()> {

@@ -107,6 +107,13 @@ pub trait Backend: Send + Sync + 'static {
     /// The unique id of `stream` (which belongs to the current context).
     fn stream_id(&self, stream: StreamHandle) -> BackendResult<StreamId>;
 
+    /// Creates a stream in `ctx` (non-blocking: it does not synchronise with the legacy
+    /// default stream). Trace replay makes one per stream the trace names.
+    fn create_stream(&self, ctx: ContextId) -> BackendResult<StreamHandle>;
+
+    /// Destroys a stream made by [`Backend::create_stream`] in `ctx`.
+    fn destroy_stream(&self, ctx: ContextId, stream: StreamHandle) -> BackendResult<()>;
+
     /// Allocates `bytes` of device memory in `ctx`.
     fn allocate(&self, ctx: ContextId, bytes: u64) -> BackendResult<DevicePtr>;
 

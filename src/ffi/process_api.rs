@@ -13,8 +13,8 @@
 //! forwards each call through the owner's table. The answer is cached in one atomic
 //! pointer, so the cost on every call is one acquire load.
 //!
-//! The public `dlsym` may be the preload library's hook, so the real one is fetched with
-//! `dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34")` (glibc before 2.34: "GLIBC_2.2.5").
+//! The public `dlsym` may be the preload library's hook, so the lookup goes through glibc's
+//! own `dlsym` ([`crate::dl`], Note [real dlsym]).
 
 use super::{CUstream_st, CupoolStatus};
 use crate::stats::CupoolStats;
@@ -45,6 +45,8 @@ pub struct ProcessApiV1 {
         unsafe extern "C" fn(*const c_char, *mut c_char, usize, *mut usize) -> CupoolStatus,
     pub interposition_active: unsafe extern "C" fn() -> c_int,
     pub set_interposition_active: unsafe extern "C" fn(c_int),
+    pub trace_start: unsafe extern "C" fn(*const c_char) -> CupoolStatus,
+    pub trace_stop: unsafe extern "C" fn() -> CupoolStatus,
 }
 
 static OWN_API: ProcessApiV1 = ProcessApiV1 {
@@ -64,6 +66,8 @@ static OWN_API: ProcessApiV1 = ProcessApiV1 {
     config_get: super::cupool_config_get,
     interposition_active: super::cupool_interposition_active,
     set_interposition_active: super::set_interposition_active_entry,
+    trace_start: super::cupool_trace_start,
+    trace_stop: super::cupool_trace_stop,
 };
 
 /// This copy's table, for the other copies of cupool in the process. Not in the header.
@@ -121,9 +125,9 @@ type GetApi = extern "C" fn() -> *const ProcessApiV1;
 
 /// The table of the first `cupool_process_api_v1` in the global scope when it is not ours.
 fn find_owner() -> Option<*mut ProcessApiV1> {
-    let dlsym = real_dlsym()?;
-    // SAFETY: `dlsym` is libc's own, called with a valid pseudo-handle and a C string.
-    let symbol = unsafe { dlsym(libc::RTLD_DEFAULT, c"cupool_process_api_v1".as_ptr()) };
+    // SAFETY: glibc's own dlsym, called with a valid pseudo-handle and a C string.
+    let symbol =
+        unsafe { crate::dl::dlsym(crate::dl::RTLD_DEFAULT, c"cupool_process_api_v1".as_ptr()) };
     if symbol.is_null() {
         return None;
     }
@@ -148,29 +152,6 @@ fn find_owner() -> Option<*mut ProcessApiV1> {
     Some(table.cast_mut())
 }
 
-type Dlsym = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
-
-/// libc's `dlsym`, bypassing any interposed definition of the symbol.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn real_dlsym() -> Option<Dlsym> {
-    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
-        // SAFETY: plain C strings and the RTLD_DEFAULT pseudo-handle.
-        let f = unsafe { libc::dlvsym(libc::RTLD_DEFAULT, c"dlsym".as_ptr(), version.as_ptr()) };
-        if !f.is_null() {
-            // SAFETY: glibc's dlsym has this signature in every symbol version.
-            return Some(unsafe { core::mem::transmute::<*mut c_void, Dlsym>(f) });
-        }
-    }
-    None
-}
-
-/// Without glibc symbol versions there is no safe way around an interposed `dlsym`: each
-/// copy keeps its own pool.
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn real_dlsym() -> Option<Dlsym> {
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,10 +162,5 @@ mod tests {
         // to the global scope: the lookup finds nothing else, so nothing is forwarded.
         assert!(other_copy().is_none());
         assert_eq!(OWNER_API.load(Ordering::Acquire), own_api());
-    }
-
-    #[test]
-    fn real_dlsym_is_found() {
-        assert!(real_dlsym().is_some());
     }
 }

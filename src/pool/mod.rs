@@ -742,6 +742,7 @@ impl DevicePool {
             }
         }
         drop(sh);
+        crate::trace::record::segment_alloc(ptr, seg_size, self.ctx.device);
         Ok(self.hand_out(c, idx, req))
     }
 
@@ -1032,6 +1033,7 @@ impl DevicePool {
         };
         let mut released = 0;
         for (ptr, size) in victims {
+            crate::trace::record::segment_free(ptr, size, self.ctx.device);
             c.lower(Level::Cached, size);
             match self.backend.release(self.ctx.id, ptr, size) {
                 Ok(()) => released += size,

@@ -83,7 +83,14 @@ pub struct TraceEvent {
 
 impl TraceEvent {
     /// An event with RMM's columns only.
-    pub fn rmm(thread: u64, time_us: u64, action: Action, ptr: u64, size: u64, stream: u64) -> Self {
+    pub fn rmm(
+        thread: u64,
+        time_us: u64,
+        action: Action,
+        ptr: u64,
+        size: u64,
+        stream: u64,
+    ) -> Self {
         TraceEvent {
             thread,
             time_us,
@@ -127,7 +134,10 @@ impl DriverAction {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Position {
     Line(u64),
-    Entry { device: usize, index: usize },
+    Entry {
+        device: usize,
+        index: usize,
+    },
     /// The whole file (bad magic, unreadable compression, missing header).
     File,
 }

@@ -74,6 +74,7 @@ int main(void) {
         CUPOOL_ERROR_INVALID_DEVICE, CUPOOL_ERROR_UNKNOWN_CONFIG_KEY,
         CUPOOL_ERROR_INVALID_CONFIG_VALUE, CUPOOL_ERROR_CUDA, CUPOOL_ERROR_STREAM_CAPTURE,
         CUPOOL_ERROR_BUFFER_TOO_SMALL, CUPOOL_ERROR_VERSION_MISMATCH, CUPOOL_ERROR_INTERNAL,
+        CUPOOL_ERROR_IO,
     };
     enum { N = sizeof all / sizeof all[0] };
     const char *unknown = cupool_status_string((cupool_status)1000);

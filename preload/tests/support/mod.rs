@@ -265,6 +265,7 @@ pub fn run(program: &Path, args: &[&str], preload: bool, env: &[(&str, &str)]) -
         .env_remove("CUPOOL_CONF")
         .env_remove("CUPOOL_LOG")
         .env_remove("CUPOOL_STATS_AT_EXIT")
+        .env_remove("CUPOOL_TRACE")
         .env_remove("FAKE_CUDA_LOG")
         .env_remove("FAKE_CUDA_TOTAL_BYTES");
     if preload {

@@ -1,0 +1,154 @@
+//! What recording costs per event: stream-ordered alloc+free pairs on the host backend
+//! (thread-cache hits, the pool's fastest path) with tracing off, to a plain CSV and to a
+//! `.csv.zst`, several rounds each, interleaved.
+//!
+//! ```sh
+//! cargo run --release --example trace_cost [PAIRS_PER_ROUND] [ROUNDS]
+//! ```
+//!
+//! Prints the median ns per pair of each mode, the added ns per event (two events per
+//! pair) with the share spent writing (rows, zstd, `write`, done by the thread whose buffer
+//! fills, once per buffer), and the append alone (tracing on, no buffer filling), which is
+//! what a call pays between two buffer writes.
+
+use cupool::runtime::{runtime, Runtime};
+use cupool::trace::record;
+use std::path::PathBuf;
+use std::time::Instant;
+
+const STREAM: usize = 0x1000;
+const SIZE: usize = 4096;
+
+#[derive(Copy, Clone, PartialEq)]
+enum Mode {
+    Off,
+    Plain,
+    Zstd,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Off => "off",
+            Mode::Plain => "csv",
+            Mode::Zstd => "csv.zst",
+        }
+    }
+}
+
+/// One round: `pairs` alloc+free pairs; returns (ns per pair, ns spent writing per pair).
+fn round(rt: &Runtime, mode: Mode, pairs: usize, dir: &std::path::Path) -> (f64, f64) {
+    let path: PathBuf = dir.join(format!("cost.{}", mode.name()));
+    if mode != Mode::Off {
+        record::start(path.to_str().unwrap()).expect("trace starts");
+    }
+    let writing_before = record::time_spent_writing();
+    let t = Instant::now();
+    for _ in 0..pairs {
+        let p = rt.alloc_async(SIZE, STREAM).unwrap();
+        rt.free_async(p, STREAM).unwrap();
+    }
+    let elapsed = t.elapsed();
+    let writing = record::time_spent_writing() - writing_before;
+    record::stop();
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(record::driver_path(path.to_str().unwrap()));
+    (
+        elapsed.as_nanos() as f64 / pairs as f64,
+        writing.as_nanos() as f64 / pairs as f64,
+    )
+}
+
+/// The append alone: tracing on, but rounds short enough that no buffer fills (what is
+/// left is written at stop, outside the timed part). Returns ns per pair.
+fn append_only(rt: &Runtime, pairs: usize, dir: &std::path::Path) -> f64 {
+    let path = dir.join("append.csv");
+    let short = record::BUFFER_RECORDS / 2 - 8;
+    let mut timed = std::time::Duration::ZERO;
+    for _ in 0..pairs.div_ceil(short) {
+        record::start(path.to_str().unwrap()).expect("trace starts");
+        // The first call after a start empties what the previous stop left written.
+        let p = rt.alloc_async(SIZE, STREAM).unwrap();
+        rt.free_async(p, STREAM).unwrap();
+        let t = Instant::now();
+        for _ in 0..short - 1 {
+            let p = rt.alloc_async(SIZE, STREAM).unwrap();
+            rt.free_async(p, STREAM).unwrap();
+        }
+        timed += t.elapsed();
+        record::stop();
+    }
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(record::driver_path(path.to_str().unwrap()));
+    timed.as_nanos() as f64 / (pairs.div_ceil(short) * (short - 1)) as f64
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let pairs: usize = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2_000_000);
+    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(7);
+    cupool::config::set("backend", "host").expect("host backend");
+    let rt = runtime().expect("the host backend starts");
+    let dir = std::env::temp_dir().join(format!("cupool-trace-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+
+    // Warm the pool, the thread cache and this thread's trace buffer.
+    round(rt, Mode::Off, pairs / 10, &dir);
+    round(rt, Mode::Plain, pairs / 10, &dir);
+
+    let modes = [Mode::Off, Mode::Plain, Mode::Zstd];
+    let mut per_pair = [const { Vec::new() }; 3];
+    // Per round, against that round's `off`: added ns per event, and its writing share.
+    let mut added = [const { Vec::new() }; 3];
+    let mut writing = [const { Vec::new() }; 3];
+    let mut off_short = Vec::new();
+    let mut append = Vec::new();
+    for _ in 0..rounds {
+        let mut off = 0.0;
+        for (i, &mode) in modes.iter().enumerate() {
+            let (ns, w) = round(rt, mode, pairs, &dir);
+            if mode == Mode::Off {
+                off = ns;
+            }
+            per_pair[i].push(ns);
+            added[i].push((ns - off) / 2.0);
+            writing[i].push(w / 2.0);
+        }
+        // Off and append-only in the same short-loop shape, side by side.
+        let (off_ns, _) = round(rt, Mode::Off, pairs / 4, &dir);
+        let on_ns = append_only(rt, pairs / 4, &dir);
+        off_short.push(off_ns);
+        append.push((on_ns - off_ns) / 2.0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+
+    println!(
+        "trace_cost: {pairs} stream-ordered alloc+free pairs of {SIZE} B per round, {rounds} \
+         rounds, host backend; medians over rounds"
+    );
+    println!("{:<8} {:>8.1} ns/pair", "off", median(&mut per_pair[0]));
+    for i in 1..modes.len() {
+        let add = median(&mut added[i]);
+        let write = median(&mut writing[i]);
+        println!(
+            "{:<8} {:>8.1} ns/pair   added {:>6.1} ns/event, of which writing (rows, zstd, write) {:>6.1}",
+            modes[i].name(),
+            median(&mut per_pair[i]),
+            add,
+            write,
+        );
+    }
+    println!(
+        "append alone (no buffer fills): added {:.1} ns/event over off ({:.1} ns/pair)",
+        median(&mut append),
+        median(&mut off_short)
+    );
+}

@@ -1,0 +1,538 @@
+"""The harness shared by the corpus workloads (gpt_train, llm_generate, conv_train).
+
+Every workload runs unchanged under three allocators, and the harness measures each the same
+way:
+
+- the device peak from NVML (memory used on the device the process uses, sampled about every
+  millisecond by a background thread), above its value once the CUDA context exists. NVML,
+  because under the preload `cudaMemGetInfo` counts memory cupool caches but does not use as
+  free, and under PyTorch's allocator `max_memory_reserved` misses what the allocator does
+  not own;
+- PyTorch's own peaks (`max_memory_reserved`/`max_memory_allocated` and a few counters from
+  `memory_stats`) when PyTorch's caching allocator is in use (modes `native`, `expandable`);
+- cupool's stats (`cupool_stats_json` through ctypes) when the process runs under
+  `libcupool_preload.so` (mode `preload`);
+- in `native` mode with `--snapshot`, PyTorch's memory history as a snapshot pickle (gzip),
+  the trace cupool replays.
+
+Each workload prints its per-step lines, then one JSON line of results, and writes the same
+JSON to `--out-json`. A workload that raises still writes its JSON, with `"status": "failed"`
+and the error, and exits 1.
+"""
+import argparse
+import ctypes
+import gzip
+import hashlib
+import json
+import math
+import os
+import pickle
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+# Before torch creates a cuBLAS handle: deterministic cuBLAS (PyTorch's documented setting).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+try:
+    import torch
+except ImportError:  # the shape samplers and the argument parsing still work without torch
+    torch = None
+
+DEFAULT_SNAPSHOT_MAX_ENTRIES = 4_000_000
+# cupool's status for a buffer that is too small (include/cupool.h).
+CUPOOL_ERROR_BUFFER_TOO_SMALL = 11
+
+
+# ---------------------------------------------------------------------------------------
+# Arguments and the mode the process runs in
+
+
+def parser(description):
+    """An argument parser with the options every workload takes."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--steps", type=int, default=None, help="steps (requests for llm_generate)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--out-json", default=None, help="write the result JSON here too")
+    p.add_argument("--mode", default=None,
+                   help="label of the allocator (default: detected: native, expandable, "
+                        "nocache or preload)")
+    p.add_argument("--snapshot", default=None,
+                   help="record PyTorch's memory history and write the snapshot here "
+                        "(gzip when the name ends in .gz); PyTorch's caching allocator only")
+    p.add_argument("--snapshot-max-entries", type=int, default=DEFAULT_SNAPSHOT_MAX_ENTRIES,
+                   help="size of PyTorch's trace ring buffer (entries per device)")
+    p.add_argument("--sample-interval-ms", type=float, default=1.0,
+                   help="NVML sampling period of the device-peak thread")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the shapes the seed draws and exit (no GPU needed)")
+    return p
+
+
+def preload_active():
+    """1 when cupool's preload routes this process's device allocations."""
+    try:
+        fn = ctypes.CDLL(None).cupool_interposition_active
+    except (AttributeError, OSError):
+        return False
+    fn.restype = ctypes.c_int
+    fn.argtypes = []
+    return fn() == 1
+
+
+def alloc_conf():
+    names = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+    return ",".join(os.environ.get(k, "") for k in names)
+
+
+def detect_mode():
+    """native | expandable | nocache | preload, from the environment and the process."""
+    if preload_active():
+        return "preload"
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+        return "nocache"
+    if "expandable_segments:true" in alloc_conf().replace(" ", "").lower():
+        return "expandable"
+    return "native"
+
+
+def torch_caching_allocator_in_use():
+    return os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1"
+
+
+# ---------------------------------------------------------------------------------------
+# Shapes: drawn on the host from the seed, so every allocator sees the same sequence
+
+
+def shape_rng(seed, salt):
+    """A host RNG for a workload's shapes, independent of torch's generators."""
+    return random.Random(seed * 1_000_003 + salt)
+
+
+def log_uniform_int(rng, lo, hi):
+    """An integer in [lo, hi], log-uniformly (small values as likely per octave as large)."""
+    return min(hi, max(lo, int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))))
+
+
+# ---------------------------------------------------------------------------------------
+# Device peak (NVML)
+
+
+def _nvml_index_for(device_index):
+    """The NVML index of torch's CUDA device `device_index` (CUDA_VISIBLE_DEVICES and PCI
+    order can differ from NVML's order)."""
+    import pynvml
+    try:
+        return int(torch.cuda._get_nvml_device_index(device_index)), "torch"
+    except Exception:  # private helper; fall back on the device's UUID
+        pass
+    try:
+        uuid = str(torch.cuda.get_device_properties(device_index).uuid).lower()
+        uuid = uuid[4:] if uuid.startswith("gpu-") else uuid
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+            u = (u.decode() if isinstance(u, bytes) else u).lower()
+            u = u[4:] if u.startswith("gpu-") else u
+            if uuid and (u == uuid or u.startswith(uuid) or uuid.startswith(u)):
+                return i, "uuid"
+    except Exception:
+        pass
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    if device_index < len(visible) and visible[device_index].strip().isdigit():
+        return int(visible[device_index]), "CUDA_VISIBLE_DEVICES"
+    return device_index, "index"
+
+
+# The sampler process: samples the device's used memory every INTERVAL seconds until a line
+# arrives on its stdin (or stdin closes), then prints "PEAK SAMPLES". A process of its own, so
+# that the workload's GIL never delays a sample and sampling never slows the workload.
+SAMPLER_SOURCE = r"""
+import select, sys, pynvml
+pynvml.nvmlInit()
+handle = pynvml.nvmlDeviceGetHandleByIndex(int(sys.argv[1]))
+interval = float(sys.argv[2])
+peak = samples = 0
+print("ready", flush=True)
+while True:
+    used = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+    samples += 1
+    if used > peak:
+        peak = used
+    if select.select([sys.stdin], [], [], interval)[0]:
+        break
+print(peak, samples, flush=True)
+"""
+
+
+class DevicePeakMonitor:
+    """Samples the device's used memory (NVML) about every `interval_s` from `start()` to
+    `stop()`, which returns the peak above the value at start.
+
+    The sampling runs in a small Python process of its own (no CUDA, no preload). Where that
+    cannot start it runs in a thread, which waits on an Event between samples and so holds
+    the GIL only for the instant of a sample, but while the main thread runs Python it gets
+    the GIL only every switch interval (5 ms). A last sample is taken at stop either way.
+    """
+
+    def __init__(self, device_index, interval_s=0.001):
+        self.interval_s = interval_s
+        self.source = None
+        self.sampler = None
+        self.error = None
+        self._stop = threading.Event()
+        self._thread = None
+        self._proc = None
+        self._nvml_index = None
+        self.samples = 0
+        self.start_bytes = self.peak_bytes = self.last_bytes = 0
+        self.total_bytes = None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            index, how = _nvml_index_for(device_index)
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self._read = lambda: pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
+            self.total_bytes = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).total)
+            self._nvml_index = index
+            self.source = f"nvml (device {index}, matched by {how})"
+        except Exception as e:  # no pynvml or no NVML: cudaMemGetInfo, wrong under the preload
+            self.error = f"NVML unavailable ({type(e).__name__}: {e}); cudaMemGetInfo used"
+
+            def read():
+                free, total = torch.cuda.mem_get_info(device_index)
+                return total - free
+
+            self._read = read
+            self.source = "cudaMemGetInfo (undercounts cached memory under the preload)"
+
+    def start(self):
+        self.start_bytes = self.peak_bytes = self.last_bytes = int(self._read())
+        if self._nvml_index is not None and self._start_process():
+            return
+        self.sampler = "thread"
+        self._thread = threading.Thread(target=self._run, name="device-peak", daemon=True)
+        self._thread.start()
+
+    def _start_process(self):
+        # The sampler must not load the preload: it uses no CUDA, and a recorder in it could
+        # write over the workload's trace.
+        env = {k: v for k, v in os.environ.items()
+               if k != "LD_PRELOAD" and not k.startswith("CUPOOL_")}
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", SAMPLER_SOURCE, str(self._nvml_index),
+                 repr(self.interval_s)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            line = self._proc.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"sampler process said {line!r}")
+        except Exception as e:
+            self.error = f"sampler process failed ({type(e).__name__}: {e}); thread used"
+            if self._proc is not None:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+            return False
+        self.sampler = "process"
+        return True
+
+    def _sample(self):
+        used = int(self._read())
+        self.samples += 1
+        self.last_bytes = used
+        if used > self.peak_bytes:
+            self.peak_bytes = used
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self._sample()
+            except Exception as e:
+                self.error = f"sampling stopped: {type(e).__name__}: {e}"
+                return
+            self._stop.wait(self.interval_s)
+
+    def stop(self):
+        if self._proc is not None:
+            try:
+                out, _ = self._proc.communicate(input="stop\n", timeout=30)
+                peak, samples = (int(v) for v in out.split()[:2])
+                self.peak_bytes = max(self.peak_bytes, peak)
+                self.samples += samples
+            except Exception as e:
+                self.error = f"sampler process lost ({type(e).__name__}: {e})"
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            self._sample()
+        except Exception:
+            pass
+        return {
+            "device_peak_bytes": self.peak_bytes - self.start_bytes,
+            "device_used_at_start_bytes": self.start_bytes,
+            "device_used_at_end_bytes": self.last_bytes,
+            "device_total_bytes": self.total_bytes,
+            "device_peak_source": self.source,
+            "device_peak_sampler": self.sampler,
+            "device_peak_samples": self.samples,
+            "device_peak_error": self.error,
+        }
+
+
+# ---------------------------------------------------------------------------------------
+# Allocator statistics
+
+
+def cupool_stats():
+    """cupool's stats (all devices) as a dict, or None when no cupool is loaded."""
+    try:
+        fn = ctypes.CDLL(None).cupool_stats_json
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+    fn.restype = ctypes.c_int
+    needed = ctypes.c_size_t(0)
+    status = fn(-1, None, 0, ctypes.byref(needed))
+    if status not in (0, CUPOOL_ERROR_BUFFER_TOO_SMALL):
+        return {"error": f"cupool_stats_json status {status}"}
+    buf = ctypes.create_string_buffer(max(int(needed.value), 1) + 256)
+    status = fn(-1, buf, len(buf), ctypes.byref(needed))
+    if status != 0:
+        return {"error": f"cupool_stats_json status {status}"}
+    try:
+        return json.loads(buf.value.decode())
+    except ValueError as e:
+        return {"error": f"cupool_stats_json returned bad JSON: {e}"}
+
+
+TORCH_STAT_KEYS = (
+    "reserved_bytes.all.peak", "allocated_bytes.all.peak", "requested_bytes.all.peak",
+    "active_bytes.all.peak", "inactive_split_bytes.all.peak", "segment.all.peak",
+    "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms",
+    "num_sync_all_streams",
+)
+
+
+def torch_allocator_stats(device_index, check_expandable=False):
+    """PyTorch's caching-allocator peaks and counters (None under no caching: not counted)."""
+    if not torch_caching_allocator_in_use():
+        return None
+    out = {
+        "max_memory_reserved": int(torch.cuda.max_memory_reserved(device_index)),
+        "max_memory_allocated": int(torch.cuda.max_memory_allocated(device_index)),
+    }
+    try:
+        stats = torch.cuda.memory_stats(device_index)
+        for k in TORCH_STAT_KEYS:
+            if k in stats:
+                out[k] = int(stats[k])
+    except Exception as e:
+        out["memory_stats_error"] = f"{type(e).__name__}: {e}"
+    if check_expandable:  # did PyTorch take the setting? (an unknown key would have failed)
+        try:
+            segs = torch.cuda.memory._snapshot()["segments"]
+            out["expandable_segments_seen"] = any(s.get("is_expandable") for s in segs)
+        except Exception as e:
+            out["expandable_segments_seen"] = f"unknown ({type(e).__name__})"
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# PyTorch memory snapshot
+
+
+class SnapshotRecorder:
+    """Records PyTorch's allocation history (no stack traces: they would make the pickle
+    tens of times larger) and writes the snapshot at the end."""
+
+    def __init__(self, path, max_entries):
+        self.path = path
+        self.max_entries = max_entries
+        self.error = None
+        self.active = False
+
+    def start(self):
+        rec = torch.cuda.memory._record_memory_history
+        try:
+            rec(enabled="all", context=None, stacks="python", max_entries=self.max_entries)
+            self.active = True
+        except TypeError:
+            try:  # torch 2.0's signature
+                rec(True, record_context=False, trace_alloc_max_entries=self.max_entries,
+                    trace_alloc_record_context=False)
+                self.active = True
+            except Exception as e:
+                self.error = f"_record_memory_history unavailable: {type(e).__name__}: {e}"
+        except Exception as e:
+            self.error = f"_record_memory_history failed: {type(e).__name__}: {e}"
+
+    def finish(self):
+        """Writes the snapshot; returns a dict describing it (entries, actions, truncation)."""
+        info = {"path": self.path, "max_entries": self.max_entries, "error": self.error}
+        if not self.active:
+            return info
+        try:
+            snap = torch.cuda.memory._snapshot()
+            try:
+                torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:
+                pass
+            opener = gzip.open if self.path.endswith(".gz") else open
+            with opener(self.path, "wb") as f:
+                pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)
+            traces = snap.get("device_traces", [])
+            actions = {}
+            for dev in traces:
+                for entry in dev:
+                    a = entry.get("action", "?")
+                    actions[a] = actions.get(a, 0) + 1
+            longest = max((len(t) for t in traces), default=0)
+            info.update({
+                "bytes": os.path.getsize(self.path),
+                "entries": sum(len(t) for t in traces),
+                "actions": actions,
+                "segments_at_end": len(snap.get("segments", [])),
+                # A full ring buffer has dropped its oldest entries.
+                "truncated": longest >= self.max_entries,
+            })
+        except Exception as e:
+            info["error"] = f"snapshot failed: {type(e).__name__}: {e}"
+        return info
+
+
+# ---------------------------------------------------------------------------------------
+# The run
+
+
+def checksum(values):
+    """A short hash of a list of numbers, exact to the bit (repr of each float)."""
+    text = ",".join(repr(float(v)) for v in values)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Harness:
+    """Sets up determinism, measures, and reports one workload run.
+
+        h = Harness("gpt_train", args, config)
+        for i in range(steps):
+            h.step_begin()
+            ... (ends with a value read back to the host, e.g. loss.item())
+            h.step_end(loss, "batch 8 seq 512")
+        h.finish({"params": n})
+    """
+
+    def __init__(self, name, args, config):
+        if torch is None:
+            raise SystemExit(f"{name}: torch is not installed")
+        if not torch.cuda.is_available():
+            raise SystemExit(f"{name}: no CUDA device visible to torch")
+        self.name = name
+        self.args = args
+        self.config = config
+        self.mode = args.mode or detect_mode()
+        self.losses = []
+        self.step_ms = []
+        self.notes = []
+        self._t0 = None
+        self.wall_start = time.perf_counter()
+
+        torch.manual_seed(args.seed)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        torch.set_float32_matmul_precision("high")
+
+        self.device_index = torch.cuda.current_device()
+        self.device = torch.device("cuda", self.device_index)
+        # Create the context before the start value is read: the peak is what the workload
+        # adds, not the context (the same under every allocator).
+        torch.cuda.init()
+        torch.cuda.synchronize()
+        self.monitor = DevicePeakMonitor(self.device_index, args.sample_interval_ms / 1000.0)
+        self.snapshot = None
+        if args.snapshot:
+            if torch_caching_allocator_in_use():
+                self.snapshot = SnapshotRecorder(args.snapshot, args.snapshot_max_entries)
+                self.snapshot.start()
+            else:
+                self.notes.append("--snapshot ignored: PyTorch's caching allocator is off")
+        self.monitor.start()
+
+    def step_begin(self):
+        self._t0 = time.perf_counter()
+
+    def step_end(self, loss, detail=""):
+        """Ends a step: `loss` is a float already on the host (its .item() synchronised)."""
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - self._t0) * 1e3
+        self.step_ms.append(ms)
+        self.losses.append(float(loss))
+        print(f"step {len(self.losses) - 1:3d} loss {float(loss):.6f} ms {ms:8.2f} {detail}")
+
+    def result(self, status, extra=None, error=None):
+        if status == "ok":
+            torch.cuda.synchronize()
+        peak = self.monitor.stop()
+        out = {
+            "workload": self.name,
+            "mode": self.mode,
+            "status": status,
+            "error": error,
+            "seed": self.args.seed,
+            "steps": len(self.losses),
+            "config": self.config,
+            "step_ms_median": statistics.median(self.step_ms) if self.step_ms else None,
+            "step_ms_total": sum(self.step_ms),
+            "wall_s": time.perf_counter() - self.wall_start,
+            "losses": self.losses,
+            "loss_checksum": checksum(self.losses),
+            **peak,
+            "torch": torch_allocator_stats(self.device_index, self.mode == "expandable"),
+            "cupool": cupool_stats() if self.mode == "preload" or preload_active() else None,
+            "env": {k: os.environ.get(k) for k in (
+                "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+                "LD_PRELOAD", "CUPOOL_TRACE", "CUPOOL_CONF") if os.environ.get(k)},
+            "torch_version": torch.__version__,
+            "device_name": torch.cuda.get_device_name(self.device_index),
+            "notes": self.notes,
+        }
+        if extra:
+            out.update(extra)
+        if self.snapshot is not None:
+            out["snapshot"] = self.snapshot.finish()
+        return out
+
+    def finish(self, extra=None, status="ok", error=None):
+        out = self.result(status, extra, error)
+        line = json.dumps(out, sort_keys=True)
+        print(line)
+        if self.args.out_json:
+            tmp = self.args.out_json + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(line + "\n")
+            os.replace(tmp, self.args.out_json)
+        return out
+
+
+def run_workload(name, args, config, body):
+    """Runs `body(harness)`; writes the result JSON whether it succeeds or raises."""
+    h = Harness(name, args, config)
+    try:
+        extra = body(h)
+    except BaseException as e:  # OOM, a bad shape, Ctrl-C: still report what was measured
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr)
+        try:
+            h.finish({"traceback_tail": tb[-2000:]}, status="failed",
+                     error=f"{type(e).__name__}: {str(e)[:500]}")
+        finally:
+            sys.exit(1)
+    h.finish(extra)

@@ -1,0 +1,116 @@
+//! `libcupool.so` exports the C API and nothing else: every function `include/cupool.h`
+//! declares (read from the header, so a new API function is expected at once) plus the
+//! process handshake `cupool_process_api_v1`; no Rust symbol, no dependency's symbol. It
+//! carries the versioned soname `libcupool.so.<major>`, and `libcupool.a` defines the same
+//! API. (libcupool_preload.so: preload/tests/exported_symbols.rs.)
+
+#[path = "support/api_symbols.rs"]
+mod api_symbols;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use api_symbols::{assert_exports_exactly, header_functions, header_path, soname};
+
+/// `target/<profile>` of this test binary, after `cargo build --lib -p cupool` (which
+/// `cargo test` does not do for the cdylib and staticlib).
+fn profile_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current_exe");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binary is in <target>/<profile>/deps")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("profile dir has a parent");
+        let profile = profile_dir.file_name().and_then(|n| n.to_str());
+        let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        build
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["build", "--lib", "-p", "cupool", "--target-dir"])
+            .arg(target_dir);
+        match profile {
+            Some("debug") | None => {}
+            Some("release") => {
+                build.arg("--release");
+            }
+            Some(other) => {
+                build.args(["--profile", other]);
+            }
+        }
+        assert!(
+            build.status().expect("run cargo build").success(),
+            "cargo build --lib -p cupool failed"
+        );
+        profile_dir
+    })
+}
+
+fn expected_api() -> BTreeSet<String> {
+    let mut expected = header_functions(&header_path());
+    expected.insert(api_symbols::PROCESS_API_SYMBOL.to_string());
+    expected
+}
+
+#[test]
+fn shared_library_exports_only_the_c_api() {
+    assert_exports_exactly(
+        &profile_dir().join("libcupool.so"),
+        &expected_api(),
+        "the functions of include/cupool.h plus cupool_process_api_v1",
+    );
+}
+
+#[test]
+fn shared_library_has_the_versioned_soname_and_its_link() {
+    let library = profile_dir().join("libcupool.so");
+    let want = format!("libcupool.so.{}", env!("CARGO_PKG_VERSION_MAJOR"));
+    assert_eq!(
+        soname(&library).as_deref(),
+        Some(want.as_str()),
+        "soname of {} (build.rs sets it)",
+        library.display()
+    );
+    // Programs linked against the build tree look for the soname at run time: build.rs
+    // links it to libcupool.so next to cargo's output.
+    let link = profile_dir().join(&want);
+    let resolved = std::fs::canonicalize(&link)
+        .unwrap_or_else(|e| panic!("{} does not resolve: {e}", link.display()));
+    assert_eq!(
+        resolved,
+        std::fs::canonicalize(&library).expect("libcupool.so exists"),
+        "{} must lead to libcupool.so",
+        link.display()
+    );
+}
+
+#[test]
+fn static_library_defines_the_whole_c_api() {
+    let archive = profile_dir().join("libcupool.a");
+    let out = Command::new("nm")
+        .args(["--defined-only", "--extern-only", "--no-sort"])
+        .arg(&archive)
+        .output()
+        .expect("run nm");
+    assert!(out.status.success(), "nm {} failed", archive.display());
+    // A static archive holds Rust's symbols too (no linker has hidden them yet), so only
+    // the cupool_ functions are compared.
+    let defined: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let kind = fields.nth(1)?;
+            let name = fields.next()?;
+            (kind == "T" && name.starts_with("cupool_")).then(|| name.to_string())
+        })
+        .collect();
+    assert_eq!(
+        defined,
+        expected_api(),
+        "cupool_ functions of {}",
+        archive.display()
+    );
+}

@@ -3,13 +3,22 @@
 //! `.csv.zst`, several rounds each, interleaved.
 //!
 //! ```sh
-//! cargo run --release --example trace_cost [PAIRS_PER_ROUND] [ROUNDS]
+//! cargo run --release --example trace_cost [PAIRS_PER_ROUND] [ROUNDS] [SUSTAINED_PAIRS]
 //! ```
 //!
-//! Prints the median ns per pair of each mode, the added ns per event (two events per
-//! pair) with the share spent writing (rows, zstd, `write`, done by the thread whose buffer
-//! fills, once per buffer), and the append alone (tracing on, no buffer filling), which is
-//! what a call pays between two buffer writes.
+//! Prints, medians over rounds:
+//! - per mode, the cost per event seen by the allocating thread: ns per pair with tracing
+//!   on minus off, over two events per pair. A round's events fit in the writer's queue
+//!   (`record::MAX_QUEUED` buffers), so this is what a program pays while the writer
+//!   thread keeps up: the append, and once per buffer the hand-over.
+//! - per mode, the CPU time per event spent making rows, compressing and writing
+//!   (`record::time_spent_writing`), done by the writer thread (and by `stop`, for the
+//!   last partial buffer), not by the allocating thread.
+//! - sustained: the same with a round of SUSTAINED_PAIRS pairs, far more than the queue
+//!   holds: the allocating thread then runs at the writer's pace (it writes the oldest
+//!   batch itself whenever the queue is full), so the cost per event is about the writing
+//!   time per event.
+//! - the append alone (tracing on, no buffer fills).
 
 use cupool::runtime::{runtime, Runtime};
 use cupool::trace::record;
@@ -36,7 +45,9 @@ impl Mode {
     }
 }
 
-/// One round: `pairs` alloc+free pairs; returns (ns per pair, ns spent writing per pair).
+/// One round: `pairs` alloc+free pairs; returns (ns per pair on the allocating thread,
+/// writing CPU ns per pair). The trace is stopped (the rest written) outside the timed part
+/// but inside the writing time.
 fn round(rt: &Runtime, mode: Mode, pairs: usize, dir: &std::path::Path) -> (f64, f64) {
     let path: PathBuf = dir.join(format!("cost.{}", mode.name()));
     if mode != Mode::Off {
@@ -49,8 +60,8 @@ fn round(rt: &Runtime, mode: Mode, pairs: usize, dir: &std::path::Path) -> (f64,
         rt.free_async(p, STREAM).unwrap();
     }
     let elapsed = t.elapsed();
-    let writing = record::time_spent_writing() - writing_before;
     record::stop();
+    let writing = record::time_spent_writing() - writing_before;
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(record::driver_path(path.to_str().unwrap()));
     (
@@ -90,23 +101,24 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let pairs: usize = args
-        .next()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(2_000_000);
-    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(7);
+    let mut arg = |default: usize| args.next().and_then(|a| a.parse().ok()).unwrap_or(default);
+    // Events of a round fit in the writer's queue (MAX_QUEUED buffers).
+    let pairs = arg(record::MAX_QUEUED * record::BUFFER_RECORDS / 2 * 3 / 4);
+    let rounds = arg(15);
+    let sustained_pairs = arg(1_000_000);
     cupool::config::set("backend", "host").expect("host backend");
     let rt = runtime().expect("the host backend starts");
     let dir = std::env::temp_dir().join(format!("cupool-trace-cost-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
 
-    // Warm the pool, the thread cache and this thread's trace buffer.
+    // Warm the pool, the thread cache, this thread's trace buffer and the spare blocks.
     round(rt, Mode::Off, pairs / 10, &dir);
-    round(rt, Mode::Plain, pairs / 10, &dir);
+    round(rt, Mode::Plain, pairs, &dir);
 
     let modes = [Mode::Off, Mode::Plain, Mode::Zstd];
     let mut per_pair = [const { Vec::new() }; 3];
-    // Per round, against that round's `off`: added ns per event, and its writing share.
+    // Per round, against that round's `off`: added ns per event on the allocating thread,
+    // and writing CPU ns per event.
     let mut added = [const { Vec::new() }; 3];
     let mut writing = [const { Vec::new() }; 3];
     let mut off_short = Vec::new();
@@ -128,22 +140,38 @@ fn main() {
         off_short.push(off_ns);
         append.push((on_ns - off_ns) / 2.0);
     }
+    let sustained_rounds = 3;
+    let mut sustained = [const { Vec::new() }; 3];
+    let mut sustained_writing = [const { Vec::new() }; 3];
+    for _ in 0..sustained_rounds {
+        let mut off = 0.0;
+        for (i, &mode) in modes.iter().enumerate() {
+            let (ns, w) = round(rt, mode, sustained_pairs, &dir);
+            if mode == Mode::Off {
+                off = ns;
+            }
+            sustained[i].push((ns - off) / 2.0);
+            sustained_writing[i].push(w / 2.0);
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 
     println!(
-        "trace_cost: {pairs} stream-ordered alloc+free pairs of {SIZE} B per round, {rounds} \
-         rounds, host backend; medians over rounds"
+        "trace_cost: {pairs} stream-ordered alloc+free pairs of {SIZE} B per round \
+         ({} events, within the writer's queue of {} buffers), {rounds} rounds, host backend; \
+         medians over rounds",
+        2 * pairs,
+        record::MAX_QUEUED
     );
     println!("{:<8} {:>8.1} ns/pair", "off", median(&mut per_pair[0]));
     for i in 1..modes.len() {
-        let add = median(&mut added[i]);
-        let write = median(&mut writing[i]);
         println!(
-            "{:<8} {:>8.1} ns/pair   added {:>6.1} ns/event, of which writing (rows, zstd, write) {:>6.1}",
+            "{:<8} {:>8.1} ns/pair   allocating thread: +{:>5.1} ns/event   writer (rows, zstd, \
+             write): {:>6.1} ns CPU/event",
             modes[i].name(),
             median(&mut per_pair[i]),
-            add,
-            write,
+            median(&mut added[i]),
+            median(&mut writing[i]),
         );
     }
     println!(
@@ -151,4 +179,16 @@ fn main() {
         median(&mut append),
         median(&mut off_short)
     );
+    println!(
+        "sustained ({sustained_pairs} pairs a round, {sustained_rounds} rounds: the queue fills, \
+         the program runs at the writer's pace):"
+    );
+    for i in 1..modes.len() {
+        println!(
+            "{:<8} allocating thread: +{:>6.1} ns/event   writing: {:>6.1} ns CPU/event",
+            modes[i].name(),
+            median(&mut sustained[i]),
+            median(&mut sustained_writing[i]),
+        );
+    }
 }

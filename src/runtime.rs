@@ -194,13 +194,12 @@ pub fn mark_exiting() {
     BACKEND_OFF.store(true, Ordering::Relaxed);
 }
 
-/// Before an out-of-memory retry: this thread's cached blocks of `pool` go back at once,
-/// every other thread's at its next call.
-fn flush_before_retry(cache: Option<&mut thread_cache::ThreadCache>, pool: u16) {
+/// Gives this thread's cached blocks of `pool` back to it (before the pool grows or
+/// retries after running out of memory; the pool asks other threads itself on OOM).
+fn flush_own_cache(cache: Option<&mut thread_cache::ThreadCache>, pool: u16) {
     if let Some(cache) = cache {
         cache.flush_pool(pool);
     }
-    thread_cache::request_flush_all();
 }
 
 fn limit_for(device: i32) -> u64 {
@@ -364,7 +363,7 @@ impl Runtime {
                 rounded,
                 size as u64,
                 None,
-                &mut || flush_before_retry(cache.as_deref_mut(), pool.index),
+                &mut || flush_own_cache(cache.as_deref_mut(), pool.index),
             )
         })
     }
@@ -415,7 +414,7 @@ impl Runtime {
                 handle: stream,
             };
             pool.alloc_slow(c, rounded, size as u64, Some(s), &mut || {
-                flush_before_retry(cache.as_deref_mut(), pool.index)
+                flush_own_cache(cache.as_deref_mut(), pool.index)
             })
         })
     }

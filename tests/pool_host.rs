@@ -460,3 +460,49 @@ fn a_much_larger_cached_block_is_split_not_handed_out_whole() {
     );
     rt.free_async(p, S1).unwrap();
 }
+
+/// Note [merge on free]: pieces of a segment freed on a stream merge at once, so a request
+/// as large as the segment reuses it without a fence and without growing.
+#[test]
+fn pieces_freed_on_a_stream_merge_before_any_fence() {
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    const MIB: usize = 1 << 20;
+    // Above thread_cache_max_block: these go straight to the stream's index.
+    let whole = rt.alloc_async(200 * MIB, S1).unwrap();
+    rt.free_async(whole, S1).unwrap();
+    let a = rt.alloc_async(100 * MIB, S1).unwrap();
+    let b = rt.alloc_async(100 * MIB, S1).unwrap();
+    rt.free_async(a, S1).unwrap();
+    rt.free_async(b, S1).unwrap();
+    let before = rt.context_stats(ctx).unwrap();
+    let again = rt.alloc_async(200 * MIB, S1).unwrap();
+    let after = rt.context_stats(ctx).unwrap();
+    assert_eq!(again, whole, "the merged segment was reused");
+    assert_eq!(
+        after.device_allocs, before.device_allocs,
+        "the pool did not grow"
+    );
+    assert_eq!(host.in_flight(ctx.id), 0, "no fence was needed");
+    rt.free_async(again, S1).unwrap();
+    host.complete_all(ctx.id);
+}
+
+/// A block in the calling thread's cache that the cache cannot hand out for this request
+/// (another size class) goes back to the pool before the pool grows.
+#[test]
+fn the_own_thread_cache_is_searched_before_growing() {
+    let (rt, _host, ctx) = setup();
+    const MIB: usize = 1 << 20;
+    let big = rt.alloc_async(48 * MIB, S1).unwrap();
+    rt.free_async(big, S1).unwrap(); // into this thread's cache (48 MiB <= 64 MiB)
+    let before = rt.context_stats(ctx).unwrap();
+    let small = rt.alloc_async(16 * MIB + 1, S1).unwrap();
+    let after = rt.context_stats(ctx).unwrap();
+    assert_eq!(
+        after.device_allocs, before.device_allocs,
+        "served from the cached block"
+    );
+    assert_eq!(small, big, "carved from the start of the cached block");
+    rt.free_async(small, S1).unwrap();
+}

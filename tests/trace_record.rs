@@ -268,7 +268,9 @@ fn a_thread_writes_its_events_when_it_exits() {
     })
     .join()
     .unwrap();
-    // Still tracing: the rows are in the file because the thread exited.
+    // Still tracing: the thread handed its buffer over when it exited; the rows are in the
+    // file once that is written (by the writer thread, or here, now).
+    record::write_pending();
     let trace = read(&path);
     assert_eq!(trace.events.len(), 20, "{:#?}", trace.events);
     assert!(trace.events.iter().all(|e| e.thread == tid && e.streamless));
@@ -320,6 +322,13 @@ fn a_fork_child_never_writes_to_the_parents_trace() {
     let path = dir.join("f.csv");
     let (rt, _host, _ctx) = setup();
     start(&path);
+    // Full buffers for the writer thread, which may be writing (holding its locks) when
+    // the process forks: the child must not wait for it.
+    let busy = 4 * BUFFER_RECORDS;
+    for _ in 0..busy / 2 {
+        let p = rt.alloc(777).unwrap();
+        rt.free(p).unwrap();
+    }
     let before = rt.alloc(1000).unwrap();
     // SAFETY: the child only calls the pool (no lock another thread could hold: the other
     // tests wait on TRACE_LOCK, and this test's thread is the only one using the pool) and
@@ -340,9 +349,11 @@ fn a_fork_child_never_writes_to_the_parents_trace() {
     rt.free(before).unwrap();
     record::stop();
     let trace = read(&path);
-    assert_eq!(trace.events.len(), 2, "{:#?}", trace.events);
+    assert_eq!(trace.events.len(), busy + 2);
     assert!(trace.events.iter().all(|e| e.thread == gettid()));
-    assert!(trace.events.iter().all(|e| e.ptr == before));
+    let mine: Vec<_> = trace.events.iter().filter(|e| e.size != 777).collect();
+    assert_eq!(mine.len(), 2, "{mine:#?}");
+    assert!(mine.iter().all(|e| e.ptr == before));
 }
 
 /// Waits for `pid` to exit with status 0, failing the test after `limit`.
@@ -385,6 +396,8 @@ fn crash_child_helper() {
         let p = rt.alloc_async(2048, S1).unwrap();
         rt.free_async(p, S1).unwrap();
     }
+    // The three full buffers are handed over; make sure they are written before the kill.
+    record::write_pending();
     println!("READY");
     loop {
         std::thread::sleep(Duration::from_secs(1));
@@ -408,6 +421,7 @@ fn what_was_written_survives_a_kill() {
             .env("CUPOOL_TRACE", &path)
             .env_remove("CUPOOL_CONF")
             .env_remove(IO_ERROR_CHILD_ENV)
+            .env_remove(EXIT_CHILD_ENV)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -574,6 +588,8 @@ fn io_error_child_helper() {
             .expect("recording never fails a call");
         rt.free_async(p, S1).expect("recording never fails a call");
     }
+    // The writer thread met the error, or this thread does now.
+    record::write_pending();
     assert!(!record::active(), "the write error stopped the trace");
     println!("CHILD OK");
 }
@@ -607,4 +623,102 @@ fn a_write_error_stops_the_trace_only() {
     assert!(lines[0].contains(path.to_str().unwrap()), "{}", lines[0]);
     // The chunk that did not fit was cut off again: the file is whole (just the header).
     assert!(read(&path).events.is_empty());
+}
+
+#[test]
+fn the_writer_thread_writes_full_buffers_while_the_program_runs() {
+    let _g = serial();
+    let dir = temp_dir("writer");
+    let path = dir.join("w.csv.zst");
+    let (rt, _host, _ctx) = setup();
+    start(&path);
+    // More batches than may wait for the writer: the allocating thread then writes the
+    // oldest itself, and nothing is lost either way.
+    let pairs = (record::MAX_QUEUED + 8) * BUFFER_RECORDS / 2;
+    for _ in 0..pairs {
+        let p = rt.alloc_async(4096, S1).unwrap();
+        rt.free_async(p, S1).unwrap();
+    }
+    // No stop, no write_pending: the writer thread gets every full buffer into the file.
+    // (2 * pairs is a whole number of buffers; the driver file's records, a segment or
+    // two, keep as many rows in the last, partly filled buffer.)
+    let started = Instant::now();
+    let mut written = 0;
+    while started.elapsed() < Duration::from_secs(60) {
+        // The file may end in a frame being written: count only when it reads whole.
+        written = read_trace(&path).map_or(written, |t| t.events.len());
+        if written + 8 >= 2 * pairs {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        written + 8 >= 2 * pairs,
+        "the writer thread wrote {written} of {} rows",
+        2 * pairs
+    );
+    record::stop();
+    let trace = read(&path);
+    assert_eq!(trace.events.len(), 2 * pairs);
+    for (i, pair) in trace.events.chunks(2).enumerate() {
+        assert_eq!(pair[0].action, Action::Allocate, "pair {i}");
+        assert_eq!(pair[1].action, Action::Free, "pair {i}");
+        assert_eq!(pair[0].ptr, pair[1].ptr, "pair {i}");
+    }
+}
+
+const EXIT_CHILD_ENV: &str = "CUPOOL_TEST_EXIT_CHILD";
+const EXIT_PAIRS: usize = 20 * BUFFER_RECORDS + 123;
+
+/// Not a test of its own: the body of the child of [`exit_writes_everything`].
+#[test]
+fn exit_child_helper() {
+    if std::env::var_os(EXIT_CHILD_ENV).is_none() {
+        return;
+    }
+    let (rt, host, ctx) = setup();
+    assert!(record::active(), "CUPOOL_TRACE started a trace");
+    // A second thread whose buffer is still partly filled at the exit.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        host.make_current(ctx);
+        let p = rt.alloc(333).unwrap();
+        rt.free(p).unwrap();
+        tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_secs(3600));
+    });
+    rx.recv().unwrap();
+    for _ in 0..EXIT_PAIRS {
+        let p = rt.alloc_async(2048, S1).unwrap();
+        rt.free_async(p, S1).unwrap();
+    }
+    // Batches are queued, the writer thread is likely writing one: exit now.
+    std::process::exit(0);
+}
+
+#[test]
+fn exit_writes_everything() {
+    let _g = serial();
+    let dir = temp_dir("exit");
+    for name in ["e.csv", "e.csv.zst"] {
+        let path = dir.join(name);
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "exit_child_helper",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(EXIT_CHILD_ENV, "1")
+            .env("CUPOOL_TRACE", &path)
+            .env_remove("CUPOOL_CONF")
+            .env_remove(IO_ERROR_CHILD_ENV)
+            .env_remove(CRASH_CHILD_ENV)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let trace = read(&path);
+        assert_eq!(trace.events.len(), 2 * EXIT_PAIRS + 2, "{name}");
+        assert_eq!(trace.events.iter().filter(|e| e.size == 333).count(), 2);
+    }
 }

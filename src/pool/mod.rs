@@ -402,8 +402,9 @@ impl DevicePool {
 
     // ---------------------------------------------------------------- allocation
 
-    /// Allocates a block that missed the thread cache. `flush_own_cache` is called before
-    /// the out-of-memory retry, so blocks the calling thread holds are not left out.
+    /// Allocates a block that missed the thread cache. `flush_own_cache` gives the calling
+    /// thread's cached blocks of this pool back; it is called before the pool grows and
+    /// before the out-of-memory retry, so blocks the thread holds are not left out.
     pub fn alloc_slow(
         &self,
         c: &ThreadCounters,
@@ -441,6 +442,12 @@ impl DevicePool {
                 return Ok(ptr);
             }
         }
+        // Blocks this thread's cache holds are invisible to the search above (the cache
+        // is searched by the request's class only): give them back before growing.
+        flush_own_cache();
+        if let Some(ptr) = self.try_fit(c, req) {
+            return Ok(ptr);
+        }
         self.shared.lock().slow.misses += 1;
         match self.grow_and_carve(c, req) {
             Ok(ptr) => return Ok(ptr),
@@ -454,6 +461,8 @@ impl DevicePool {
             self.ctx.device
         ));
         flush_own_cache();
+        // Other threads give theirs back at their next call.
+        thread_cache::request_flush_all();
         if self.may_order() {
             self.advance(Advance::SealAndWait);
             if let Some(ptr) = self.try_fit(c, req) {
@@ -518,8 +527,17 @@ impl DevicePool {
         unsafe {
             if let Some(s) = req.stream {
                 if let Some(&pos) = sh.stream_pos.get(&s.id) {
-                    let st = &mut sh.streams[pos];
-                    if let Some(idx) = st.index(kind).find(&BLOCKS, size) {
+                    // The stream's own block unless the shared index has a smaller fit.
+                    let own = sh.streams[pos].index(kind).find(&BLOCKS, size);
+                    let shared = sh.index(kind).find(&BLOCKS, size);
+                    let size_of = |i: BlockIdx| BLOCKS.get(i).data().size;
+                    let use_own = match (own, shared) {
+                        (Some(o), Some(g)) => size_of(o) <= size_of(g),
+                        (Some(_), None) => true,
+                        _ => false,
+                    };
+                    if let (true, Some(idx)) = (use_own, own) {
+                        let st = &mut sh.streams[pos];
                         st.index(kind).remove(&BLOCKS, idx);
                         BLOCKS.get(idx).data().place = Place::Allocated;
                         match self.split(idx, size, kind, Place::FreeOnStream) {
@@ -757,16 +775,67 @@ impl DevicePool {
     pub unsafe fn free_to_stream(&self, s: StreamRef, blocks: &[BlockIdx]) {
         let mut sh = self.shared.lock();
         let clock = sh.clock;
-        let st = sh.stream(s);
         for &idx in blocks {
             let d = BLOCKS.get(idx).data();
             d.place = Place::FreeOnStream;
             d.stream = s.id;
             d.requested = 0;
             d.free_epoch = clock;
-            st.index(d.kind).insert(&BLOCKS, idx);
+            let idx = self.merge_on_stream(&mut sh, s, idx);
+            let kind = BLOCKS.get(idx).data().kind;
+            let st = sh.stream(s);
+            st.index(kind).insert(&BLOCKS, idx);
             st.age.push_back(&BLOCKS, idx);
         }
+    }
+
+    /// Merges a block just freed on stream `s` (in no list yet) with its free neighbours
+    /// that `s` may use: blocks freed on `s` itself and shared ones. The result belongs to
+    /// `s` until a fence covers it (its stamp is the newest), like any block freed on `s`.
+    ///
+    /// Note [merge on free]: without it, a segment freed piece by piece on a stream stays
+    /// in pieces until the next fence drains them into the shared index, and a request
+    /// as large as the segment misses and grows the pool while the memory sits there.
+    ///
+    /// # Safety
+    /// Pool lock held; `idx` is owned by the caller (in no index or FIFO).
+    unsafe fn merge_on_stream(&self, sh: &mut Shared, s: StreamRef, idx: BlockIdx) -> BlockIdx {
+        let mut idx = idx;
+        let kind = BLOCKS.get(idx).data().kind;
+        let mergeable = |n: BlockIdx| {
+            n != NIL && {
+                let nd = BLOCKS.get(n).data();
+                nd.place == Place::FreeShared
+                    || (nd.place == Place::FreeOnStream && nd.stream == s.id)
+            }
+        };
+        let take = |sh: &mut Shared, n: BlockIdx| {
+            let nd = BLOCKS.get(n).data();
+            if nd.place == Place::FreeShared {
+                sh.index(kind).remove(&BLOCKS, n);
+            } else {
+                let st = sh.stream(s);
+                st.index(kind).remove(&BLOCKS, n);
+                st.age.remove(&BLOCKS, n);
+            }
+        };
+        let prev = BLOCKS.get(idx).data().seg_prev;
+        if mergeable(prev) {
+            take(sh, prev);
+            let epoch = BLOCKS.get(idx).data().free_epoch;
+            Self::absorb_next(prev);
+            let d = BLOCKS.get(prev).data();
+            d.place = Place::FreeOnStream;
+            d.stream = s.id;
+            d.free_epoch = epoch;
+            idx = prev;
+        }
+        let next = BLOCKS.get(idx).data().seg_next;
+        if mergeable(next) {
+            take(sh, next);
+            Self::absorb_next(idx);
+        }
+        idx
     }
 
     /// A block freed without a stream, or on a stream other than its own: reused only

@@ -14,32 +14,47 @@
 //! `%p` in the path becomes the process id (so programs that start other CUDA programs
 //! with the same environment get one trace each instead of overwriting one file).
 //!
-//! Order: each thread's rows are in the order that thread made its calls; threads'
-//! buffers reach the file one buffer at a time, so rows of different threads interleave
-//! by buffer. `Nanos` (time since the recording started, one clock for all threads) gives
-//! the program's order: a stable sort on it. The final flush (stop, exit) merges what is
-//! left in every buffer in time order.
+//! Order: each thread's rows are in the order that thread made its calls; full buffers reach
+//! the file one buffer at a time, in the order they were handed over, so rows of different
+//! threads interleave by buffer. `Nanos` (time since the recording started, one clock for
+//! all threads) gives the program's order: a stable sort on it. The final flush (stop,
+//! exit) writes what was handed over and then merges what is left in every buffer in time
+//! order.
 //!
 //! Note [recording cost]: when no trace is running, a call costs one relaxed load of
 //! `SESSION`. When one is, a call appends a 64-byte `Record` (raw clock ticks, no
-//! formatting) to its thread's buffer: no lock, no syscall. Rows are made only when a
-//! buffer is written out ([`BUFFER_RECORDS`] records, or stop, exit, thread exit): by the
-//! thread whose buffer is full, under `STATE`'s mutex, with one `write` per file (one
-//! complete zstd frame per write for `.zst`, so everything written survives a crash: a
-//! file of several frames is a valid zstd file).
+//! formatting) to its thread's buffer: no lock, no syscall. Once per [`BUFFER_RECORDS`]
+//! records the owner hands its full buffer over: under `STATE`'s mutex, held for a pointer
+//! swap (the slots go to the queue, a spare or new block of slots takes their place) and a
+//! condvar notification. Rows are made by one writer thread per trace, started by
+//! [`start`]: it takes the oldest batch from the queue, formats it, compresses it and
+//! writes it under `WRITER`'s mutex, with one `write` per file (one complete zstd frame per
+//! batch for `.zst`, so everything written survives a crash: a file of several frames is a
+//! valid zstd file). The allocating threads never format, compress or write, except: when
+//! more than [`MAX_QUEUED`] batches wait (the program makes events faster than the writer
+//! writes them), the thread that hands over one more writes the oldest itself, so the
+//! queue's memory stays bounded and the program runs at the writer's pace; and when there
+//! is no writer thread (it could not be started), every hand-over is written by the thread
+//! that makes it, as before. [`time_spent_writing`] sums the CPU time of all writing.
 //!
 //! Note [buffer hand-over]: a buffer has one owner thread, which appends without a lock:
-//! it writes slot `len` and then publishes `len + 1` with a Release store. A flusher (the
-//! owner when the buffer is full or the thread exits; `cupool_trace_stop` or the exit
-//! handler for every buffer) holds the mutex, reads `len` with Acquire and writes out
-//! `[written, len)`, then sets `written = len`. The two never touch the same slot: the
-//! owner writes only at index `len`, which is past everything published, and a flusher
-//! reads only below the `len` it loaded. Only the owner moves `len` back to 0 (when its
-//! buffer is full, when it exits, or at a stop it makes itself), and only while it holds
-//! the mutex (no flusher is reading then); a flusher never resets another thread's `len`
-//! (an owner appending at that moment would publish slots the flusher has already
+//! it writes slot `len` and then publishes `len + 1` with a Release store. A flusher
+//! (`cupool_trace_stop` or the exit handler, for every buffer) holds the mutex, reads
+//! `len` with Acquire and copies out `[written, len)`, then sets `written = len`. The two
+//! never touch the same slot: the owner writes only at index `len`, which is past
+//! everything published, and a flusher reads only below the `len` it loaded. Only the
+//! owner moves `len` back to 0 and replaces its slots (when its buffer is full, when it
+//! exits, or at a stop it makes itself), and only while it holds the mutex (no flusher is
+//! reading then): a full buffer's slots `[written, len)` move to the queue as one batch,
+//! which from then on belongs to whoever pops it; a flusher never resets another thread's
+//! `len` (an owner appending at that moment would publish slots the flusher has already
 //! written, or lose one). Records carry the session they were made in, so one that an
 //! owner appends after a stop is dropped, not written into the next trace.
+//!
+//! Locks: `WRITER` (the files) is always taken before `STATE` (buffers and queue), and
+//! `STATE` is only ever held for short bookkeeping, never while writing. Whoever writes a
+//! batch pops it while holding `WRITER`, so a batch is never in flight outside it: a stop
+//! that holds `WRITER` sees every handed-over batch either written or in the queue.
 //!
 //! Time: raw ticks per event (`rdtsc` on x86-64, `CLOCK_MONOTONIC` elsewhere), turned into
 //! nanoseconds when written, at the tick rate measured between the start and that flush
@@ -47,9 +62,15 @@
 //! steps); the time of day comes from `CLOCK_REALTIME` at the start, in local time as RMM
 //! writes it.
 //!
-//! Lifecycle: an exit handler writes what is left (no CUDA call); a thread writes its
-//! buffer when it exits; a fork child never writes (its copy of the buffers is dropped).
-//! An I/O error prints one line and stops the trace; recording never fails a call.
+//! Lifecycle: [`stop`] and the exit handler write everything synchronously on the calling
+//! thread: under `WRITER` (so after the batch the writer thread may be writing at that
+//! moment), the queue in order, then every buffer's rest merged by time; then the files are
+//! closed and the writer thread, finding its trace gone, ends. The exit handler waits for
+//! `WRITER` at most [`EXIT_WAIT`] (a writer thread stuck in `write` must not hang the exit)
+//! and makes no CUDA call. A thread hands its buffer over when it exits. A fork child never
+//! writes and never takes either lock (the writer thread does not exist in it, and a lock
+//! held at the fork stays held there): its copy of the buffers is dropped. An I/O error
+//! prints one line and stops the trace; recording never fails a call.
 
 mod clock;
 mod rows;
@@ -60,16 +81,28 @@ use super::rmm_csv;
 use super::DriverAction;
 use crate::status::{CupoolStatus, Result};
 use clock::{clock_ns, ticks, Clock};
-use core::cell::{Cell, UnsafeCell};
+use core::cell::Cell;
 use core::mem::MaybeUninit;
 use core::panic::AssertUnwindSafe;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::time::Duration;
 use rows::{driver_kind, format_record, Record, Sink};
 use rows::{KIND_ALLOCATE, KIND_ALLOCATE_FAILURE, KIND_FREE};
-use std::sync::{Mutex, MutexGuard, Once};
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex, MutexGuard, Once, TryLockError};
 
-/// Records one thread buffers before its owner writes them out (64 bytes each).
+/// Records one thread buffers before it hands them to the writer (64 bytes each).
 pub const BUFFER_RECORDS: usize = 2048;
+/// Full buffers that may wait for the writer thread (16 MiB of records) before the threads
+/// that hand over more write the oldest themselves (Note [recording cost]).
+pub const MAX_QUEUED: usize = 128;
+/// Written blocks of slots kept for later hand-overs: as many as may be queued, so that
+/// once a burst has filled the queue, later ones append to memory already paged in (a
+/// fresh block costs the appending thread 32 page faults). At most 16 MiB, kept for the
+/// process once a burst has needed them.
+const MAX_SPARES: usize = MAX_QUEUED;
+/// How long the exit handler waits for a writer thread that is writing.
+pub const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 /// The running trace's number; 0 when none runs. The one load a call makes when off.
 static SESSION: AtomicU32 = AtomicU32::new(0);
@@ -77,14 +110,34 @@ static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
 /// Set in a fork child of a process that traced: it never writes and never locks.
 static FORKED: AtomicBool = AtomicBool::new(false);
 static HANDLERS: Once = Once::new();
-/// Nanoseconds spent making rows and writing them, all threads (for the benchmark).
+/// CPU nanoseconds spent making rows and writing them, all threads (for the benchmark).
 static WRITING_NS: AtomicU64 = AtomicU64::new(0);
 
-/// Time spent so far turning records into rows and writing them (formatting, compression,
-/// `write`), summed over all threads: the part of the recording cost that is not the
-/// per-call append.
-pub fn time_spent_writing() -> core::time::Duration {
-    core::time::Duration::from_nanos(WRITING_NS.load(Ordering::Relaxed))
+/// CPU time spent so far turning records into rows and writing them (formatting,
+/// compression, `write`), summed over the threads that did it (the writer thread, and the
+/// program's threads when they had to write: Note [recording cost]): the part of the
+/// recording cost that is not the per-call append.
+pub fn time_spent_writing() -> Duration {
+    Duration::from_nanos(WRITING_NS.load(Ordering::Relaxed))
+}
+
+/// `BUFFER_RECORDS` record slots on the heap.
+type Slots = Box<[MaybeUninit<Record>]>;
+
+fn new_slots() -> Slots {
+    Box::new_uninit_slice(BUFFER_RECORDS)
+}
+
+fn slots_into_raw(slots: Slots) -> *mut MaybeUninit<Record> {
+    debug_assert_eq!(slots.len(), BUFFER_RECORDS);
+    Box::into_raw(slots).cast()
+}
+
+/// # Safety
+/// `ptr` comes from [`slots_into_raw`] and is not used again.
+unsafe fn slots_from_raw(ptr: *mut MaybeUninit<Record>) -> Slots {
+    // SAFETY: by the caller; the length is the one every block has.
+    unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(ptr, BUFFER_RECORDS)) }
 }
 
 /// One thread's buffer (Note [buffer hand-over]). Leaked; reused by a later thread once
@@ -94,13 +147,12 @@ struct ThreadBuffer {
     tid: AtomicU64,
     /// Slots `[0, len)` are written and published (Release by the owner).
     len: AtomicUsize,
-    /// Slots `[0, written)` are in the file (changed under the mutex only).
+    /// Slots `[0, written)` are written out or handed over (changed under the mutex only).
     written: AtomicUsize,
-    slots: Box<[UnsafeCell<MaybeUninit<Record>>]>,
+    /// The block the owner appends to (from [`slots_into_raw`]); replaced by the owner,
+    /// under the mutex, when it hands its records over.
+    slots: AtomicPtr<MaybeUninit<Record>>,
 }
-
-// SAFETY: slots are shared by the protocol of Note [buffer hand-over]; the rest is atomic.
-unsafe impl Sync for ThreadBuffer {}
 
 impl ThreadBuffer {
     fn new() -> Self {
@@ -108,24 +160,60 @@ impl ThreadBuffer {
             tid: AtomicU64::new(0),
             len: AtomicUsize::new(0),
             written: AtomicUsize::new(0),
-            slots: (0..BUFFER_RECORDS)
-                .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
-                .collect(),
+            slots: AtomicPtr::new(slots_into_raw(new_slots())),
         }
     }
 
-    /// The published records not yet written, marked written. Mutex held.
+    /// Copies the published records not yet written out, and marks them written. Mutex
+    /// held (any thread: the owner keeps appending past them).
     fn take_unwritten(&self, _state: &State, out: &mut Vec<(u64, Record)>) {
         let len = self.len.load(Ordering::Acquire);
         let from = self.written.load(Ordering::Relaxed).min(len);
         let tid = self.tid.load(Ordering::Relaxed);
-        for slot in &self.slots[from..len] {
+        let slots = self.slots.load(Ordering::Relaxed);
+        for i in from..len {
             // SAFETY: below the published length: written by the owner, who does not
             // touch it again until it resets under the mutex we hold.
-            out.push((tid, unsafe { (*slot.get()).assume_init() }));
+            out.push((tid, unsafe { (*slots.add(i)).assume_init() }));
         }
         self.written.store(len, Ordering::Relaxed);
     }
+
+    /// Moves the records not yet written out to the queue, as one batch, and empties the
+    /// buffer: its block of slots goes with the batch and a spare takes its place. Called
+    /// by the owner only, with the mutex held (the one place `len` goes back to 0).
+    fn hand_over(&self, st: &mut State) {
+        let len = self.len.load(Ordering::Relaxed);
+        let from = self.written.load(Ordering::Relaxed).min(len);
+        if from < len {
+            let spare = st.spares.pop().unwrap_or_else(new_slots);
+            let full = self.slots.swap(slots_into_raw(spare), Ordering::Relaxed);
+            // SAFETY: the block was installed by `slots_into_raw` and is no longer
+            // reachable from the buffer; only the mutex holder reads it (we hold it).
+            let slots = unsafe { slots_from_raw(full) };
+            st.queue.push_back(Batch::Buffer {
+                tid: self.tid.load(Ordering::Relaxed),
+                slots,
+                from,
+                to: len,
+            });
+        }
+        self.written.store(0, Ordering::Relaxed);
+        self.len.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Records waiting for the writer.
+enum Batch {
+    /// A thread's full (or last) buffer: slots `[from, to)` are records of thread `tid`.
+    Buffer {
+        tid: u64,
+        slots: Slots,
+        from: usize,
+        to: usize,
+    },
+    /// Records of threads whose thread-local storage was gone (thread id, record).
+    Loose(Vec<(u64, Record)>),
 }
 
 fn gettid() -> u64 {
@@ -142,24 +230,54 @@ struct Session {
     clock: Clock,
 }
 
-struct State {
+/// What writing needs: the files, and room to make rows in (kept between batches).
+struct Files {
     session: Option<Session>,
+    main: String,
+    driver: String,
+}
+
+/// The files. Taken before `STATE`, held while writing (Note [recording cost]).
+static WRITER: Mutex<Files> = Mutex::new(Files {
+    session: None,
+    main: String::new(),
+    driver: String::new(),
+});
+
+struct State {
     buffers: Vec<&'static ThreadBuffer>,
     idle: Vec<&'static ThreadBuffer>,
     /// Events of threads whose thread-local storage is gone (exit handlers).
     orphans: Vec<(u64, Record)>,
+    /// Batches handed over, oldest first.
+    queue: VecDeque<Batch>,
+    /// Written blocks of slots, for the next hand-over.
+    spares: Vec<Slots>,
+    /// The session whose writer thread runs; 0: none (hand-overs are written by the
+    /// threads that make them).
+    writer: u32,
 }
 
+/// Buffers and the queue; held only for bookkeeping, never while writing.
 static STATE: Mutex<State> = Mutex::new(State {
-    session: None,
     buffers: Vec::new(),
     idle: Vec::new(),
     orphans: Vec::new(),
+    queue: VecDeque::new(),
+    spares: Vec::new(),
+    writer: 0,
 });
 
+/// Signalled when a batch is queued or the writer thread should look at its session.
+static WORK: Condvar = Condvar::new();
+
+// A panic while holding either cannot leave it inconsistent in a way that matters here.
 fn state() -> MutexGuard<'static, State> {
-    // A panic while holding it cannot leave it inconsistent in a way that matters here.
     STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn files() -> MutexGuard<'static, Files> {
+    WRITER.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 thread_local! {
@@ -167,7 +285,8 @@ thread_local! {
     static EXIT_FLUSH: ExitFlush = const { ExitFlush };
 }
 
-/// Dropped when its thread exits: the thread's buffer is written and handed back.
+/// Dropped when its thread exits: the thread's records are handed over and its buffer
+/// goes back to the idle ones.
 struct ExitFlush;
 
 impl Drop for ExitFlush {
@@ -182,8 +301,9 @@ impl Drop for ExitFlush {
         let buf: &'static ThreadBuffer = unsafe { &*buf };
         let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let mut st = state();
-            flush_owned(&mut st, buf);
+            buf.hand_over(&mut st);
             st.idle.push(buf);
+            handed_over(st);
         }));
     }
 }
@@ -316,9 +436,11 @@ fn push(record: Record) {
         flush_full(buf);
         n = buf.len.load(Ordering::Relaxed);
     }
-    // SAFETY: only the owner (this thread) writes slots, and only at the published
-    // length; no flusher reads at or past it (Note [buffer hand-over]).
-    unsafe { (*buf.slots[n].get()).write(record) };
+    let slots = buf.slots.load(Ordering::Relaxed);
+    // SAFETY: `n < BUFFER_RECORDS`, the block's length. Only the owner (this thread)
+    // writes slots, and only at the published length; no flusher reads at or past it
+    // (Note [buffer hand-over]).
+    unsafe { slots.add(n).write(MaybeUninit::new(record)) };
     buf.len.store(n + 1, Ordering::Release);
 }
 
@@ -353,71 +475,190 @@ fn push_orphan(record: Record) {
         let mut st = state();
         st.orphans.push((gettid(), record));
         if st.orphans.len() >= BUFFER_RECORDS {
-            let mut records = core::mem::take(&mut st.orphans);
-            write_records(&mut st, &mut records);
+            let records = core::mem::take(&mut st.orphans);
+            st.queue.push_back(Batch::Loose(records));
+            handed_over(st);
         }
     });
 }
 
-/// The owner's buffer is full: write it and start it again.
+/// The owner's buffer is full: hand it over and start it again.
 #[cold]
 #[inline(never)]
 fn flush_full(buf: &ThreadBuffer) {
-    let r = std::panic::catch_unwind(AssertUnwindSafe(|| flush_owned(&mut state(), buf)));
-    if r.is_err() {
+    let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        if is_forked() {
+            return Err(());
+        }
+        let mut st = state();
+        buf.hand_over(&mut st);
+        handed_over(st);
+        Ok(())
+    }));
+    if !matches!(r, Ok(Ok(()))) {
         // Whatever happened, the owner must get an empty buffer to append to.
         buf.written.store(0, Ordering::Relaxed);
         buf.len.store(0, Ordering::Relaxed);
     }
 }
 
-/// Writes the owner's unwritten records and empties its buffer. Called by the owner only,
-/// with the mutex held (the one place `len` goes back to 0).
-fn flush_owned(st: &mut State, buf: &ThreadBuffer) {
-    let mut records = Vec::new();
-    buf.take_unwritten(st, &mut records);
-    buf.written.store(0, Ordering::Relaxed);
-    buf.len.store(0, Ordering::Relaxed);
-    write_records(st, &mut records);
+/// After a hand-over (`st` held): wakes the writer thread. Without one, the calling thread
+/// writes what is queued itself; when the writer is more than [`MAX_QUEUED`] batches
+/// behind, it writes the oldest (Note [recording cost]).
+fn handed_over(st: MutexGuard<'static, State>) {
+    let queued = st.queue.len();
+    let to_write = if st.writer == 0 {
+        queued
+    } else {
+        queued.saturating_sub(MAX_QUEUED)
+    };
+    drop(st);
+    WORK.notify_all();
+    if to_write > 0 {
+        write_queued(&mut files(), to_write);
+    }
 }
 
-/// Writes `records` (thread id, record) of the running session; drops the rest. An I/O
-/// error ends the trace with one line on stderr.
-fn write_records(st: &mut State, records: &mut [(u64, Record)]) {
-    let Some(session) = st.session.as_mut() else {
+/// Writes up to `limit` batches from the front of the queue (`WRITER` held: `w`).
+fn write_queued(w: &mut Files, limit: usize) {
+    for _ in 0..limit {
+        let batch = state().queue.pop_front();
+        match batch {
+            Some(batch) => write_batch(w, batch),
+            None => break,
+        }
+    }
+}
+
+/// Writes, on the calling thread and now, every batch already handed over (full buffers,
+/// those of exited threads), after the one the writer thread may be writing; buffers still
+/// being filled stay where they are. For tests and benchmarks: the writer thread does the
+/// same on its own.
+pub fn write_pending() {
+    if is_forked() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        let mut w = files();
+        let queued = state().queue.len();
+        write_queued(&mut w, queued);
+    });
+}
+
+/// Writes one batch, then keeps its block of slots for a later hand-over.
+fn write_batch(w: &mut Files, batch: Batch) {
+    match batch {
+        Batch::Buffer {
+            tid,
+            slots,
+            from,
+            to,
+        } => {
+            write_records(
+                w,
+                slots[from..to].iter().map(|r| {
+                    // SAFETY: `[from, to)` were published by the owner before it handed
+                    // the block over.
+                    (tid, unsafe { r.assume_init() })
+                }),
+            );
+            let extra = {
+                let mut st = state();
+                if st.spares.len() < MAX_SPARES {
+                    st.spares.push(slots);
+                    None
+                } else {
+                    Some(slots)
+                }
+            };
+            drop(extra);
+        }
+        Batch::Loose(records) => write_records(w, records.into_iter()),
+    }
+}
+
+/// Writes `records` (thread id, record) of the running session, as one chunk per file;
+/// drops the rest. An I/O error ends the trace with one line on stderr.
+fn write_records(w: &mut Files, records: impl Iterator<Item = (u64, Record)>) {
+    let Files {
+        session: slot,
+        main,
+        driver,
+    } = w;
+    let Some(session) = slot.as_mut() else {
         return;
     };
     // SAFETY: getpid has no preconditions.
     if session.pid != unsafe { libc::getpid() } as u32 {
         return; // a fork child that got here anyway: never write the parent's trace
     }
-    let began = clock_ns(libc::CLOCK_MONOTONIC);
+    let began = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
     session.clock.calibrate();
-    let mut main = String::with_capacity(records.len() * 96);
-    let mut driver = String::new();
-    for &(tid, r) in records.iter() {
+    main.clear();
+    driver.clear();
+    for (tid, r) in records {
         if r.session == session.id {
-            format_record(&session.clock, tid, &r, &mut main, &mut driver);
+            format_record(&session.clock, tid, &r, main, driver);
         }
     }
     let result = session
         .main
-        .write_chunk(&main)
+        .write_chunk(main)
         .map_err(|e| (session.main.path.clone(), e))
         .and_then(|()| {
             session
                 .driver
-                .write_chunk(&driver)
+                .write_chunk(driver)
                 .map_err(|e| (session.driver.path.clone(), e))
         });
-    let spent = clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(began);
+    let spent = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(began);
     WRITING_NS.fetch_add(spent, Ordering::Relaxed);
     if let Err((path, e)) = result {
         SESSION.store(0, Ordering::Relaxed);
-        st.session = None;
+        *slot = None;
+        // The writer thread ends; what is queued can never be written.
+        let dropped = {
+            let mut st = state();
+            st.writer = 0;
+            core::mem::take(&mut st.queue)
+        };
+        WORK.notify_all();
+        drop(dropped);
         crate::log::error(&format!(
             "cupool: writing the trace {path} failed ({e}); tracing stopped"
         ));
+    }
+}
+
+/// The writer thread of session `id`: writes the queue's batches, oldest first, until its
+/// session is no longer the one running.
+fn writer_thread(id: u32) {
+    loop {
+        {
+            let mut st = state();
+            while st.writer == id && st.queue.is_empty() {
+                st = WORK.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            if st.writer != id {
+                return;
+            }
+        }
+        let _ = std::panic::catch_unwind(|| {
+            let mut w = files();
+            // Popped under `WRITER`: a stop, which holds it, sees every batch written or
+            // queued.
+            let batch = {
+                let mut st = state();
+                if st.writer == id {
+                    st.queue.pop_front()
+                } else {
+                    None
+                }
+            };
+            if let Some(batch) = batch {
+                write_batch(&mut w, batch);
+            }
+        });
     }
 }
 
@@ -436,8 +677,8 @@ pub fn start(path: &str) -> Result<()> {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     let path = path.replace("%p", &pid.to_string());
-    let mut st = state();
-    stop_locked(&mut st);
+    let mut w = files();
+    stop_locked(&mut w);
     let driver_path = driver_path(&path);
     let sinks = Sink::create(&path)
         .map_err(|e| (path.clone(), e))
@@ -465,13 +706,22 @@ pub fn start(path: &str) -> Result<()> {
     if id == 0 {
         id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     }
-    st.session = Some(Session {
+    w.session = Some(Session {
         id,
         pid,
         main,
         driver,
         clock: Clock::start(),
     });
+    // The writer thread runs while `writer` names its session: set before it starts.
+    state().writer = id;
+    let spawned = std::thread::Builder::new()
+        .name("cupool-trace".into())
+        .spawn(move || writer_thread(id));
+    if spawned.is_err() {
+        // No writer thread: the program's threads write what they hand over.
+        state().writer = 0;
+    }
     SESSION.store(id, Ordering::Relaxed);
     crate::log::info(&format!("cupool: recording allocations to {path}"));
     Ok(())
@@ -488,36 +738,48 @@ pub fn start_from_env() {
     }
 }
 
-/// Stops recording: everything buffered is written and the files are closed. Without a
-/// running trace it does nothing.
+/// Stops recording: everything recorded is written, on the calling thread, and the files
+/// are closed. Without a running trace it does nothing.
 pub fn stop() {
     if is_forked() {
         return;
     }
-    stop_locked(&mut state());
+    stop_locked(&mut files());
 }
 
-fn stop_locked(st: &mut State) {
-    if st.session.is_none() {
+/// Stops the running trace (`WRITER` held: `w`; Note [recording cost]).
+fn stop_locked(w: &mut Files) {
+    if w.session.is_none() {
         return;
     }
     SESSION.store(0, Ordering::Relaxed);
-    let mut records = core::mem::take(&mut st.orphans);
-    for buf in st.buffers.clone() {
-        buf.take_unwritten(st, &mut records);
+    let (queued, mut rest) = {
+        let mut st = state();
+        st.writer = 0; // the writer thread ends
+        let queued = core::mem::take(&mut st.queue);
+        let mut rest = core::mem::take(&mut st.orphans);
+        for buf in &st.buffers {
+            buf.take_unwritten(&st, &mut rest);
+        }
+        // The calling thread owns its buffer and holds the mutex: it may start it again,
+        // so its next trace begins with a whole buffer.
+        let own = CURRENT.try_with(|c| c.get()).unwrap_or(core::ptr::null());
+        // SAFETY: buffers are leaked.
+        if let Some(own) = unsafe { own.as_ref() } {
+            own.written.store(0, Ordering::Relaxed);
+            own.len.store(0, Ordering::Relaxed);
+        }
+        (queued, rest)
+    };
+    WORK.notify_all();
+    // What was handed over first (each thread's earlier records), then the threads' last
+    // records merged in time order (a stable sort keeps each thread's).
+    for batch in queued {
+        write_batch(w, batch);
     }
-    // Merge the threads' last records in time order (a stable sort keeps each thread's).
-    records.sort_by_key(|&(_, r)| r.ticks);
-    write_records(st, &mut records);
-    st.session = None;
-    // The calling thread owns its buffer and holds the mutex: it may start it again, so
-    // its next trace begins with a whole buffer.
-    let own = CURRENT.try_with(|c| c.get()).unwrap_or(core::ptr::null());
-    // SAFETY: buffers are leaked.
-    if let Some(own) = unsafe { own.as_ref() } {
-        own.written.store(0, Ordering::Relaxed);
-        own.len.store(0, Ordering::Relaxed);
-    }
+    rest.sort_by_key(|&(_, r)| r.ticks);
+    write_records(w, rest.into_iter());
+    w.session = None;
 }
 
 fn register_handlers() {
@@ -530,12 +792,37 @@ fn register_handlers() {
     });
 }
 
-/// Exit: write what is left, close the files. No CUDA call; only host memory and files.
+/// Exit: write what is left, close the files, on the exiting thread. No CUDA call; only
+/// host memory and files. Waits for a writer thread that is writing at most [`EXIT_WAIT`].
 extern "C" fn on_exit() {
-    let _ = std::panic::catch_unwind(stop);
+    let _ = std::panic::catch_unwind(|| {
+        if is_forked() {
+            return;
+        }
+        let waited = std::time::Instant::now();
+        let mut w = loop {
+            match WRITER.try_lock() {
+                Ok(w) => break w,
+                Err(TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(TryLockError::WouldBlock) if waited.elapsed() < EXIT_WAIT => {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                Err(TryLockError::WouldBlock) => {
+                    crate::log::error(
+                        "cupool: the trace writer did not finish writing at exit; the trace \
+                         misses its last events",
+                    );
+                    return;
+                }
+            }
+        };
+        stop_locked(&mut w);
+    });
 }
 
-/// Fork child: atomics only. The child's copy of the buffers is never written.
+/// Fork child: atomics only. The child's copy of the buffers is never written, and it
+/// never takes `WRITER` or `STATE` (either may have been held by another thread at the
+/// fork).
 extern "C" fn on_fork_child() {
     FORKED.store(true, Ordering::Relaxed);
     SESSION.store(0, Ordering::Relaxed);

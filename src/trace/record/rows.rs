@@ -62,6 +62,8 @@ pub(super) struct Sink {
     file: File,
     pub(super) path: String,
     zstd: Option<zstd::bulk::Compressor<'static>>,
+    /// The last zstd frame (kept for its capacity).
+    frame: Vec<u8>,
     /// Bytes of whole chunks in the file.
     good_len: u64,
 }
@@ -77,6 +79,7 @@ impl Sink {
             file: File::create(path)?,
             path: path.to_string(),
             zstd,
+            frame: Vec::new(),
             good_len: 0,
         })
     }
@@ -88,11 +91,13 @@ impl Sink {
         if text.is_empty() {
             return Ok(());
         }
-        let frame;
         let bytes = match &mut self.zstd {
             Some(c) => {
-                frame = c.compress(text.as_bytes())?;
-                &frame[..]
+                self.frame.clear();
+                self.frame
+                    .reserve(zstd::zstd_safe::compress_bound(text.len()));
+                c.compress_to_buffer(text.as_bytes(), &mut self.frame)?;
+                &self.frame[..]
             }
             None => text.as_bytes(),
         };

@@ -46,13 +46,15 @@ pub enum Key {
     LargeSegment,
     FenceBatch,
     FenceSpareMax,
+    Vmm,
     HostAutoComplete,
     Verbose,
 }
 
 pub const BACKENDS: &[&str] = &["cuda", "host"];
+pub const VMM_MODES: &[&str] = &["off", "on"];
 
-pub static OPTIONS: [OptionDesc; 11] = [
+pub static OPTIONS: [OptionDesc; 12] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -117,6 +119,13 @@ pub static OPTIONS: [OptionDesc; 11] = [
         runtime: true,
     },
     OptionDesc {
+        key: "vmm",
+        default: "off",
+        kind: ValueKind::Choice(VMM_MODES),
+        doc: "Prototype: `on` carves blocks above 1 MiB from one reserved virtual address range per device and backs only the 2 MiB granules under blocks in use (or cached and still mapped) with physical memory, moving idle granules to where they are needed (stitching); `off` uses plain segments. Read when a device's pool is created; where the backend has no virtual memory management, `on` falls back to segments.",
+        runtime: true,
+    },
+    OptionDesc {
         key: "host_auto_complete",
         default: "true",
         kind: ValueKind::Bool,
@@ -133,7 +142,7 @@ pub static OPTIONS: [OptionDesc; 11] = [
 ];
 
 /// The current value of every option, encoded as u64 (bools 0/1, choices by index).
-static VALUES: [AtomicU64; 11] = [const { AtomicU64::new(0) }; 11];
+static VALUES: [AtomicU64; 12] = [const { AtomicU64::new(0) }; 12];
 static LOADED: AtomicBool = AtomicBool::new(false);
 /// Bumped whenever a value changes, so hot paths can keep a snapshot and re-read only
 /// after a change.

@@ -59,7 +59,37 @@ struct State {
     /// Completion queries answered, per context.
     queries: HashMap<u64, u64>,
     fail_next_alloc: Option<BackendError>,
+    /// Simulated virtual memory management (Note [host vmm]).
+    vmm: HostVmm,
 }
+
+/// Note [host vmm]: a reservation is an anonymous `PROT_NONE`, `MAP_NORESERVE` mapping
+/// (address space only); mapping a granule makes its pages readable and writable
+/// (`mprotect`), unmapping drops its pages (`madvise(MADV_DONTNEED)`) and makes them
+/// inaccessible again, so a program touching unmapped pool memory faults as on a GPU.
+/// Physical granules are counted against the device's capacity like allocations. The
+/// contents of a granule do not follow it to a new address (no program may rely on the
+/// contents of memory it freed). Every call is checked strictly (a granule mapped twice,
+/// a handle released while mapped, a range freed with mappings in it are errors), so the
+/// pool's tests catch misuse the driver would also reject.
+#[derive(Default)]
+struct HostVmm {
+    /// Reservation base → (bytes, device).
+    ranges: HashMap<u64, (u64, i32)>,
+    /// Physical handle → (device, bytes, where it is mapped).
+    handles: HashMap<u64, (i32, u64, Option<u64>)>,
+    /// Mapped address → (handle, bytes).
+    mappings: HashMap<u64, (u64, u64)>,
+    next_handle: u64,
+    creates: u64,
+    releases: u64,
+    maps: u64,
+    unmaps: u64,
+    fail_next_create: Option<BackendError>,
+}
+
+/// Granularity of the host backend's simulated physical memory (the H100's).
+pub const HOST_VMM_GRANULE: u64 = 2 << 20;
 
 /// What a test can observe about the backend.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -68,6 +98,15 @@ pub struct HostCounters {
     pub releases: u64,
     pub fences_recorded: u64,
     pub live_bytes: u64,
+    /// Simulated VMM: reservations, physical handles and mappings alive now.
+    pub vmm_ranges: u64,
+    pub vmm_handles: u64,
+    pub vmm_mappings: u64,
+    /// Simulated VMM calls made so far.
+    pub vmm_creates: u64,
+    pub vmm_releases: u64,
+    pub vmm_maps: u64,
+    pub vmm_unmaps: u64,
 }
 
 pub struct HostBackend {
@@ -100,6 +139,7 @@ impl HostBackend {
                 fences_recorded: 0,
                 queries: HashMap::new(),
                 fail_next_alloc: None,
+                vmm: HostVmm::default(),
             }),
         }
     }
@@ -197,6 +237,11 @@ impl HostBackend {
         }
     }
 
+    /// The next creation of physical memory fails with `e` (fault injection).
+    pub fn fail_next_create(&self, e: BackendError) {
+        self.state.lock().vmm.fail_next_create = Some(e);
+    }
+
     /// The next allocation fails with `e` (fault injection).
     pub fn fail_next_alloc(&self, e: BackendError) {
         self.state.lock().fail_next_alloc = Some(e);
@@ -209,6 +254,13 @@ impl HostBackend {
             releases: s.releases,
             fences_recorded: s.fences_recorded,
             live_bytes: s.live_bytes.iter().sum(),
+            vmm_ranges: s.vmm.ranges.len() as u64,
+            vmm_handles: s.vmm.handles.len() as u64,
+            vmm_mappings: s.vmm.mappings.len() as u64,
+            vmm_creates: s.vmm.creates,
+            vmm_releases: s.vmm.releases,
+            vmm_maps: s.vmm.maps,
+            vmm_unmaps: s.vmm.unmaps,
         }
     }
 
@@ -271,6 +323,43 @@ fn map_device_memory(bytes: u64) -> Option<u64> {
         }
         if base + span > end {
             libc::munmap(end as *mut libc::c_void, base + span - end);
+        }
+    }
+    Some(start as u64)
+}
+
+/// A `PROT_NONE` reservation of `bytes` (a multiple of [`HOST_VMM_GRANULE`]) aligned to
+/// the granule.
+fn reserve_address_space(bytes: u64) -> Option<u64> {
+    let g = HOST_VMM_GRANULE as usize;
+    let bytes = usize::try_from(bytes).ok()?;
+    let span = bytes.checked_add(g)?;
+    // SAFETY: a fresh anonymous mapping; nothing else refers to it.
+    let base = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            span,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return None;
+    }
+    let base = base as usize;
+    let start = base.next_multiple_of(g);
+    // SAFETY: both ranges lie inside the mapping made above and are page aligned.
+    unsafe {
+        if start > base {
+            libc::munmap(base as *mut libc::c_void, start - base);
+        }
+        if base + span > start + bytes {
+            libc::munmap(
+                (start + bytes) as *mut libc::c_void,
+                base + span - start - bytes,
+            );
         }
     }
     Some(start as u64)
@@ -380,6 +469,132 @@ impl Backend for HostBackend {
         s.releases += 1;
         drop(s);
         unmap_device_memory(ptr, bytes);
+        Ok(())
+    }
+
+    fn vmm_granularity(&self, ctx: ContextId) -> BackendResult<u64> {
+        self.device_of(ctx)?;
+        Ok(HOST_VMM_GRANULE)
+    }
+
+    fn reserve_range(&self, ctx: ContextId, bytes: u64) -> BackendResult<DevicePtr> {
+        let device = self.device_of(ctx)?;
+        if bytes == 0 || bytes % HOST_VMM_GRANULE != 0 {
+            return Err(BackendError::InvalidValue);
+        }
+        let base = reserve_address_space(bytes).ok_or(BackendError::OutOfMemory)?;
+        self.state.lock().vmm.ranges.insert(base, (bytes, device));
+        Ok(base)
+    }
+
+    fn free_range(&self, _ctx: ContextId, ptr: DevicePtr, bytes: u64) -> BackendResult<()> {
+        let mut s = self.state.lock();
+        match s.vmm.ranges.get(&ptr) {
+            Some(&(b, _)) if b == bytes => {}
+            _ => return Err(BackendError::InvalidValue),
+        }
+        if s.vmm.mappings.keys().any(|&a| a >= ptr && a < ptr + bytes) {
+            return Err(BackendError::InvalidValue);
+        }
+        s.vmm.ranges.remove(&ptr);
+        drop(s);
+        // SAFETY: the reservation was made by reserve_address_space with this size and
+        // removed from the table once.
+        unsafe { libc::munmap(ptr as *mut libc::c_void, bytes as usize) };
+        Ok(())
+    }
+
+    fn create_physical(&self, ctx: ContextId, bytes: u64) -> BackendResult<u64> {
+        let device = self.device_of(ctx)?;
+        if bytes == 0 || bytes % HOST_VMM_GRANULE != 0 {
+            return Err(BackendError::InvalidValue);
+        }
+        let mut s = self.state.lock();
+        if let Some(e) = s.vmm.fail_next_create.take() {
+            return Err(e);
+        }
+        if s.live_bytes[device as usize] + bytes > s.capacity {
+            return Err(BackendError::OutOfMemory);
+        }
+        s.live_bytes[device as usize] += bytes;
+        s.vmm.next_handle += 1;
+        let h = s.vmm.next_handle;
+        s.vmm.handles.insert(h, (device, bytes, None));
+        s.vmm.creates += 1;
+        Ok(h)
+    }
+
+    fn release_physical(&self, _ctx: ContextId, handle: u64) -> BackendResult<()> {
+        let mut s = self.state.lock();
+        match s.vmm.handles.get(&handle) {
+            Some(&(device, bytes, None)) => {
+                s.vmm.handles.remove(&handle);
+                s.live_bytes[device as usize] -= bytes;
+                s.vmm.releases += 1;
+                Ok(())
+            }
+            _ => Err(BackendError::InvalidValue),
+        }
+    }
+
+    fn map_physical(
+        &self,
+        _ctx: ContextId,
+        ptr: DevicePtr,
+        bytes: u64,
+        handle: u64,
+    ) -> BackendResult<()> {
+        let mut s = self.state.lock();
+        let inside = s
+            .vmm
+            .ranges
+            .iter()
+            .any(|(&b, &(n, _))| ptr >= b && ptr + bytes <= b + n);
+        let ok = inside
+            && ptr % HOST_VMM_GRANULE == 0
+            && !s.vmm.mappings.contains_key(&ptr)
+            && matches!(s.vmm.handles.get(&handle), Some(&(_, b, None)) if b == bytes);
+        if !ok {
+            return Err(BackendError::InvalidValue);
+        }
+        // SAFETY: the granule lies inside a reservation of ours and nothing is mapped there.
+        let rc = unsafe {
+            libc::mprotect(
+                ptr as *mut libc::c_void,
+                bytes as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        if rc != 0 {
+            return Err(BackendError::OutOfMemory);
+        }
+        s.vmm.handles.get_mut(&handle).unwrap().2 = Some(ptr);
+        s.vmm.mappings.insert(ptr, (handle, bytes));
+        s.vmm.maps += 1;
+        Ok(())
+    }
+
+    fn unmap_physical(&self, _ctx: ContextId, ptr: DevicePtr, bytes: u64) -> BackendResult<()> {
+        let mut s = self.state.lock();
+        match s.vmm.mappings.get(&ptr) {
+            Some(&(_, b)) if b == bytes => {}
+            _ => return Err(BackendError::InvalidValue),
+        }
+        let (handle, _) = s.vmm.mappings.remove(&ptr).unwrap();
+        if let Some(h) = s.vmm.handles.get_mut(&handle) {
+            h.2 = None;
+        }
+        s.vmm.unmaps += 1;
+        // SAFETY: the granule was mapped by map_physical inside a reservation of ours; its
+        // pages are dropped and made inaccessible, the address space stays reserved.
+        unsafe {
+            libc::madvise(
+                ptr as *mut libc::c_void,
+                bytes as usize,
+                libc::MADV_DONTNEED,
+            );
+            libc::mprotect(ptr as *mut libc::c_void, bytes as usize, libc::PROT_NONE);
+        }
         Ok(())
     }
 

@@ -120,6 +120,56 @@ pub trait Backend: Send + Sync + 'static {
     /// Gives an allocation made by [`Backend::allocate`] back to the driver.
     fn release(&self, ctx: ContextId, ptr: DevicePtr, bytes: u64) -> BackendResult<()>;
 
+    /// Granularity of physical memory for [`Backend::create_physical`] and of mappings
+    /// (`cuMemGetAllocationGranularity`, 2 MiB on current GPUs). Backends without virtual
+    /// memory management answer [`BackendError::Unavailable`] (the default), and the pool
+    /// keeps to plain segments.
+    fn vmm_granularity(&self, _ctx: ContextId) -> BackendResult<u64> {
+        Err(BackendError::Unavailable)
+    }
+
+    /// Reserves `bytes` of virtual address space with nothing mapped
+    /// (`cuMemAddressReserve`); `bytes` is a multiple of the granularity.
+    fn reserve_range(&self, _ctx: ContextId, _bytes: u64) -> BackendResult<DevicePtr> {
+        Err(BackendError::Unavailable)
+    }
+
+    /// Frees a range from [`Backend::reserve_range`]; nothing may be mapped in it
+    /// (`cuMemAddressFree`).
+    fn free_range(&self, _ctx: ContextId, _ptr: DevicePtr, _bytes: u64) -> BackendResult<()> {
+        Err(BackendError::Unavailable)
+    }
+
+    /// Creates `bytes` (one granule) of physical memory and returns its handle, never 0
+    /// (`cuMemCreate`).
+    fn create_physical(&self, _ctx: ContextId, _bytes: u64) -> BackendResult<u64> {
+        Err(BackendError::Unavailable)
+    }
+
+    /// Releases physical memory from [`Backend::create_physical`]; it is mapped nowhere
+    /// (`cuMemRelease`).
+    fn release_physical(&self, _ctx: ContextId, _handle: u64) -> BackendResult<()> {
+        Err(BackendError::Unavailable)
+    }
+
+    /// Maps the physical memory `handle` (of `bytes`) at `ptr`, inside a reserved range,
+    /// and makes it readable and writable by the device (`cuMemMap` + `cuMemSetAccess`).
+    fn map_physical(
+        &self,
+        _ctx: ContextId,
+        _ptr: DevicePtr,
+        _bytes: u64,
+        _handle: u64,
+    ) -> BackendResult<()> {
+        Err(BackendError::Unavailable)
+    }
+
+    /// Unmaps what [`Backend::map_physical`] mapped at `ptr` (`cuMemUnmap`). No work may
+    /// still use the range.
+    fn unmap_physical(&self, _ctx: ContextId, _ptr: DevicePtr, _bytes: u64) -> BackendResult<()> {
+        Err(BackendError::Unavailable)
+    }
+
     /// Records a context fence: it completes when all work submitted to any stream of `ctx`
     /// before this call has completed (`cuCtxRecordEvent`). Fails with
     /// [`BackendError::Capturing`] instead of invalidating a capture when the backend can

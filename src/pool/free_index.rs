@@ -99,6 +99,53 @@ impl FreeIndex {
         self.first_class_above(c).map(|k| self.heads[k])
     }
 
+    /// Like [`FreeIndex::find`], but looks at up to `max` fitting blocks, smallest classes
+    /// first, and returns the one with the lowest `cost` (the first with cost 0 at once);
+    /// ties go to the block `find` would return.
+    ///
+    /// # Safety
+    /// Pool lock held.
+    pub unsafe fn find_cheapest(
+        &self,
+        table: &BlockTable,
+        size: u64,
+        max: usize,
+        mut cost: impl FnMut(BlockIdx) -> u64,
+    ) -> Option<BlockIdx> {
+        let first = self.find(table, size)?;
+        let mut best = (cost(first), first);
+        if best.0 == 0 {
+            return Some(first);
+        }
+        let mut c = class_of(size);
+        let mut seen = 0;
+        'classes: loop {
+            let mut idx = self.heads[c];
+            while idx != NIL {
+                let d = table.get(idx).data();
+                if d.size >= size && idx != first {
+                    let k = cost(idx);
+                    if k < best.0 {
+                        best = (k, idx);
+                        if k == 0 {
+                            break 'classes;
+                        }
+                    }
+                    seen += 1;
+                    if seen >= max {
+                        break 'classes;
+                    }
+                }
+                idx = d.list_next;
+            }
+            match self.first_class_above(c) {
+                Some(k) => c = k,
+                None => break,
+            }
+        }
+        Some(best.1)
+    }
+
     /// First non-empty class strictly above `c`.
     fn first_class_above(&self, c: usize) -> Option<usize> {
         let start = c + 1;

@@ -32,6 +32,7 @@ pub mod fifo;
 pub mod free_index;
 pub mod size_class;
 pub mod thread_cache;
+pub mod vmm;
 
 use crate::backend::{Backend, BackendError, ContextInfo, EventHandle, StreamHandle};
 use crate::config::{self, Key};
@@ -76,6 +77,10 @@ pub const SMALL_MAX: u64 = 1 << 20;
 /// (4 MiB on a 34 MiB request): memory the program could not use and the pool could not
 /// lend. `tests/pool_host.rs` checks the bound on every allocation.
 pub const LARGE_SPLIT_MIN: u64 = 1 << 20;
+/// Fitting free blocks of the arena compared for the fewest unmapped granules.
+const VMM_FIT_PROBES: usize = 16;
+/// Smallest remainder split off a block of the VMM arena.
+const VMM_SPLIT_MIN: u64 = ALIGNMENT;
 /// Granularity of large segments (the driver's own).
 const SEGMENT_GRANULE: u64 = 2 << 20;
 /// Context fences outstanding at most before a poll stops recording new ones (each costs
@@ -207,9 +212,21 @@ struct Shared {
     /// Segment base → its head block.
     segments: BTreeMap<u64, BlockIdx>,
     slow: SlowCounts,
+    /// The VMM arena, while one is reserved (Note [vmm arena]).
+    arena: Option<vmm::Arena>,
 }
 
 impl Shared {
+    /// Whether `idx` (owned by the caller) lies in the VMM arena.
+    ///
+    /// # Safety
+    /// Pool lock held.
+    unsafe fn in_arena(&self, idx: BlockIdx) -> bool {
+        self.arena
+            .as_ref()
+            .is_some_and(|a| a.contains(BLOCKS.get(idx).data().ptr))
+    }
+
     fn index(&mut self, kind: SegmentKind) -> &mut FreeIndex {
         match kind {
             SegmentKind::Small => &mut self.small,
@@ -277,6 +294,9 @@ pub struct DevicePool {
     lone_fence_streak: AtomicU32,
     peak_epoch: AtomicU64,
     peaks: [AtomicU64; counters::LEVELS],
+    /// Whether large blocks come from a VMM arena (`vmm:on` when the pool was created, and
+    /// the backend could reserve one).
+    vmm: AtomicBool,
 }
 
 impl DevicePool {
@@ -300,6 +320,7 @@ impl DevicePool {
                 reserved_peak: 0,
                 segments: BTreeMap::new(),
                 slow: SlowCounts::default(),
+                arena: None,
             }),
             events: std::sync::Mutex::new(()),
             limit: AtomicU64::new(LIMIT_FROM_CONFIG),
@@ -307,6 +328,7 @@ impl DevicePool {
             lone_fence_streak: AtomicU32::new(0),
             peak_epoch: AtomicU64::new(0),
             peaks: core::array::from_fn(|_| AtomicU64::new(0)),
+            vmm: AtomicBool::new(config::get(Key::Vmm) == 1),
         }
     }
 
@@ -339,6 +361,11 @@ impl DevicePool {
     #[inline]
     pub fn peak_epoch(&self) -> u64 {
         self.peak_epoch.load(Ordering::Relaxed)
+    }
+
+    /// Whether large blocks come from the VMM arena now.
+    fn arena_active(&self) -> bool {
+        self.vmm.load(Ordering::Relaxed) && self.shared.lock().arena.is_some()
     }
 
     /// Whether fences, syncs and releases may be issued now.
@@ -419,6 +446,9 @@ impl DevicePool {
             kind: Self::kind_for(size),
             stream,
         };
+        if req.kind == SegmentKind::Large && self.vmm.load(Ordering::Relaxed) {
+            self.ensure_arena();
+        }
         if let Some(ptr) = self.try_fit(c, req) {
             return Ok(ptr);
         }
@@ -445,6 +475,10 @@ impl DevicePool {
         // Blocks this thread's cache holds are invisible to the search above (the cache
         // is searched by the request's class only): give them back before growing.
         flush_own_cache();
+        if req.kind == SegmentKind::Large && self.arena_active() && self.may_order() {
+            // Note [vmm arena]: the flushed blocks' granules can be stolen once fenced.
+            self.advance(Advance::SealAndPoll);
+        }
         if let Some(ptr) = self.try_fit(c, req) {
             return Ok(ptr);
         }
@@ -540,27 +574,88 @@ impl DevicePool {
                         let st = &mut sh.streams[pos];
                         st.index(kind).remove(&BLOCKS, idx);
                         BLOCKS.get(idx).data().place = Place::Allocated;
-                        match self.split(idx, size, kind, Place::FreeOnStream) {
+                        match self.split(&mut sh, idx, size, kind, Place::FreeOnStream, true) {
                             Some(rest) => {
+                                let st = &mut sh.streams[pos];
                                 st.age.replace(&BLOCKS, idx, rest);
                                 st.index(kind).insert(&BLOCKS, rest);
                             }
-                            None => st.age.remove(&BLOCKS, idx),
+                            None => sh.streams[pos].age.remove(&BLOCKS, idx),
                         }
                         drop(sh);
                         return Some(self.hand_out(c, idx, req));
                     }
                 }
             }
-            let idx = sh.index(kind).find(&BLOCKS, size)?;
-            sh.index(kind).remove(&BLOCKS, idx);
-            // Taken: a remainder split off below must not merge back into it.
-            BLOCKS.get(idx).data().place = Place::Allocated;
-            if let Some(rest) = self.split(idx, size, kind, Place::FreeShared) {
-                self.insert_shared(&mut sh, rest);
-            }
+            let (idx, mapped) = self.take_shared(&mut sh, req)?;
             drop(sh);
+            if !mapped {
+                return self.map_or_put_back(c, idx, req, false).ok();
+            }
             Some(self.hand_out(c, idx, req))
+        }
+    }
+
+    /// Takes a free block of at least `req.size` from the shared index and splits it to
+    /// size; returns it and whether every granule under it is mapped (always, outside the
+    /// VMM arena).
+    ///
+    /// # Safety
+    /// Pool lock held.
+    unsafe fn take_shared(&self, sh: &mut Shared, req: Request) -> Option<(BlockIdx, bool)> {
+        let Request { size, kind, .. } = req;
+        let idx = match sh.arena.as_ref() {
+            // Note [vmm arena]: among a few fitting blocks, the one needing the fewest
+            // granules mapped (a remap costs tens of µs on a GPU).
+            Some(a) if kind == SegmentKind::Large => {
+                sh.large.find_cheapest(&BLOCKS, size, VMM_FIT_PROBES, |i| {
+                    let p = BLOCKS.get(i).data().ptr;
+                    if a.contains(p) {
+                        a.unmapped_count(p, size)
+                    } else {
+                        0
+                    }
+                })?
+            }
+            _ => sh.index(kind).find(&BLOCKS, size)?,
+        };
+        sh.index(kind).remove(&BLOCKS, idx);
+        // Taken: a remainder split off below must not merge back into it.
+        let d = BLOCKS.get(idx).data();
+        d.place = Place::Allocated;
+        let in_arena = sh.in_arena(idx);
+        if in_arena {
+            // Note [vmm arena]: only the part handed out is pinned (a free block may be the
+            // arena's whole tail); the remainder goes back unpinned. In the arena a block
+            // is split unless it fits exactly.
+            sh.arena.as_mut().unwrap().pin(d.ptr, size);
+            if let Some(rest) = self.split(sh, idx, size, kind, Place::FreeShared, false) {
+                self.insert_shared_as(sh, rest, false);
+            }
+        } else if let Some(rest) = self.split(sh, idx, size, kind, Place::FreeShared, true) {
+            self.insert_shared(sh, rest);
+        }
+        let mapped = !in_arena || sh.arena.as_ref().unwrap().all_mapped(d.ptr, d.size);
+        Some((idx, mapped))
+    }
+
+    /// Maps the granules under the arena block `idx` (taken and pinned by the caller) and
+    /// hands it out; when that fails, puts the block back in the shared index.
+    fn map_or_put_back(
+        &self,
+        c: &ThreadCounters,
+        idx: BlockIdx,
+        req: Request,
+        may_create: bool,
+    ) -> Result<u64> {
+        match self.map_arena_block(c, idx, may_create) {
+            Ok(()) => Ok(self.hand_out(c, idx, req)),
+            Err(e) => {
+                let mut sh = self.shared.lock();
+                // SAFETY: pool lock held; the block is ours, in no index.
+                unsafe { self.insert_shared(&mut sh, idx) };
+                Err(e)
+            }
         }
     }
 
@@ -572,19 +667,29 @@ impl DevicePool {
     /// Pool lock held; `idx` is owned by the caller (in no index).
     unsafe fn split(
         &self,
+        sh: &mut Shared,
         idx: BlockIdx,
         size: u64,
         kind: SegmentKind,
         rest_place: Place,
+        pinned_whole: bool,
     ) -> Option<BlockIdx> {
         let d = BLOCKS.get(idx).data();
         let rest_size = d.size - size;
+        let in_arena = sh.in_arena(idx);
         let min = match kind {
             SegmentKind::Small => ALIGNMENT,
+            // A remainder in the arena costs no segment of its own: split exactly.
+            SegmentKind::Large if in_arena => VMM_SPLIT_MIN,
             SegmentKind::Large => LARGE_SPLIT_MIN,
         };
         if rest_size < min {
             return None;
+        }
+        if in_arena && pinned_whole {
+            // The block is pinned (outside the shared index): the granule at the cut now
+            // overlaps two such blocks (Note [vmm arena]).
+            sh.arena.as_mut().unwrap().split_at(d.ptr + size);
         }
         let rest = BLOCKS.allocate()?;
         let r = BLOCKS.get(rest).data();
@@ -631,8 +736,21 @@ impl DevicePool {
     /// # Safety
     /// Pool lock held; `idx` is owned by the caller (in no index or FIFO).
     unsafe fn insert_shared(&self, sh: &mut Shared, idx: BlockIdx) {
+        self.insert_shared_as(sh, idx, true)
+    }
+
+    /// [`DevicePool::insert_shared`]; `pinned` says whether the block's granules are
+    /// pinned (an arena block coming from outside the shared index), so that it unpins
+    /// them.
+    ///
+    /// # Safety
+    /// As for [`DevicePool::insert_shared`].
+    unsafe fn insert_shared_as(&self, sh: &mut Shared, idx: BlockIdx, pinned: bool) {
         let mut idx = idx;
         let d = BLOCKS.get(idx).data();
+        if let Some(a) = sh.arena.as_mut().filter(|a| pinned && a.contains(d.ptr)) {
+            a.unpin(d.ptr, d.size);
+        }
         let kind = d.kind;
         let prev = d.seg_prev;
         if prev != NIL && BLOCKS.get(prev).data().place == Place::FreeShared {
@@ -679,6 +797,9 @@ impl DevicePool {
         }
         if BACKEND_OFF.load(Ordering::Relaxed) {
             return Err(CupoolStatus::CupoolErrorBackendUnavailable);
+        }
+        if req.kind == SegmentKind::Large && self.shared.lock().arena.is_some() {
+            return self.carve_arena(c, req);
         }
         // The usual segment first; for a large block that does not fit (memory limit or
         // driver OOM), a segment of just the block's size.
@@ -755,7 +876,7 @@ impl DevicePool {
                 self.update_peak(Level::Cached);
                 sh = self.shared.lock();
             }
-            if let Some(rest) = self.split(idx, size, kind, Place::FreeShared) {
+            if let Some(rest) = self.split(&mut sh, idx, size, kind, Place::FreeShared, true) {
                 self.insert_shared(&mut sh, rest);
             }
         }
@@ -802,26 +923,42 @@ impl DevicePool {
     unsafe fn merge_on_stream(&self, sh: &mut Shared, s: StreamRef, idx: BlockIdx) -> BlockIdx {
         let mut idx = idx;
         let kind = BLOCKS.get(idx).data().kind;
+        // A shared free block of the VMM arena may lie over unmapped granules, which a
+        // block outside the shared index must never do (Note [vmm arena]): only the
+        // stream's own pieces merge there.
+        let arena = sh.arena.as_ref().map(|a| (a.base, a.size));
+        let in_arena = |p: u64| arena.is_some_and(|(base, size)| p >= base && p - base < size);
         let mergeable = |n: BlockIdx| {
             n != NIL && {
                 let nd = BLOCKS.get(n).data();
-                nd.place == Place::FreeShared
+                (nd.place == Place::FreeShared && !in_arena(nd.ptr))
                     || (nd.place == Place::FreeOnStream && nd.stream == s.id)
             }
         };
-        let take = |sh: &mut Shared, n: BlockIdx| {
+        // Takes neighbour `n` out of its list before it merges into a block outside the
+        // shared index that it meets at `junction`; in the VMM arena a shared neighbour's
+        // granules become pinned, and the junction granule is counted once (Note [vmm
+        // arena]).
+        let take = |sh: &mut Shared, n: BlockIdx, junction: u64| {
             let nd = BLOCKS.get(n).data();
-            if nd.place == Place::FreeShared {
+            let shared = nd.place == Place::FreeShared;
+            if shared {
                 sh.index(kind).remove(&BLOCKS, n);
             } else {
                 let st = sh.stream(s);
                 st.index(kind).remove(&BLOCKS, n);
                 st.age.remove(&BLOCKS, n);
             }
+            if let Some(a) = sh.arena.as_mut().filter(|a| a.contains(nd.ptr)) {
+                if shared {
+                    a.pin(nd.ptr, nd.size);
+                }
+                a.merge_at(junction);
+            }
         };
         let prev = BLOCKS.get(idx).data().seg_prev;
         if mergeable(prev) {
-            take(sh, prev);
+            take(sh, prev, BLOCKS.get(idx).data().ptr);
             let epoch = BLOCKS.get(idx).data().free_epoch;
             Self::absorb_next(prev);
             let d = BLOCKS.get(prev).data();
@@ -832,7 +969,7 @@ impl DevicePool {
         }
         let next = BLOCKS.get(idx).data().seg_next;
         if mergeable(next) {
-            take(sh, next);
+            take(sh, next, BLOCKS.get(next).data().ptr);
             Self::absorb_next(idx);
         }
         idx
@@ -1080,7 +1217,11 @@ impl DevicePool {
             let mut sh = self.shared.lock();
             let mut v = Vec::new();
             let heads: Vec<(u64, BlockIdx)> = sh.segments.iter().map(|(&b, &i)| (b, i)).collect();
+            let arena_base = sh.arena.as_ref().map(|a| a.base);
             for (base, idx) in heads {
+                if Some(base) == arena_base {
+                    continue;
+                }
                 // SAFETY: pool lock held.
                 unsafe {
                     let d = BLOCKS.get(idx).data();
@@ -1114,7 +1255,7 @@ impl DevicePool {
                 }
             }
         }
-        released
+        released + self.release_arena(c)
     }
 
     /// Waits for pending frees, then releases every idle segment (`empty_cache`).
@@ -1267,7 +1408,24 @@ impl DevicePool {
                 if expect != base + hd.segment_size {
                     return Err(format!("segment {base:#x}: blocks do not tile it"));
                 }
-                report.reserved += hd.segment_size;
+                match sh.arena.as_ref().filter(|a| a.base == base) {
+                    Some(a) => {
+                        report.reserved += a.held() * a.granule;
+                        let mut expected = vec![0u32; a.granule_count()];
+                        let mut idx = head;
+                        while idx != NIL {
+                            let d = BLOCKS.get(idx).data();
+                            if d.place != Place::FreeShared {
+                                for g in a.granules(d.ptr, d.size) {
+                                    expected[g] += 1;
+                                }
+                            }
+                            idx = d.seg_next;
+                        }
+                        a.check(&expected)?;
+                    }
+                    None => report.reserved += hd.segment_size,
+                }
             }
         }
         if report.reserved != sh.reserved {

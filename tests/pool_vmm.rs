@@ -1,0 +1,293 @@
+//! The VMM arena prototype (`vmm:on`) on the host backend: every byte usable, invariants
+//! (pins, stealable granules, reserved = physical memory held), nothing leaks after
+//! `empty_cache`, footprint follows the live bytes, capture and fence safety.
+//!
+//! The host backend's VMM counters are process-wide, so the tests of this binary run one
+//! at a time (`SERIAL`) and each leaves nothing behind.
+
+mod host_pool;
+
+use cupool::backend::host::HOST_VMM_GRANULE as G;
+use cupool::backend::{BackendError, ContextInfo};
+use cupool::runtime::Runtime;
+use cupool::CupoolStatus;
+use host_pool::{setup_on, S1, S2};
+use std::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+const MIB: u64 = 1 << 20;
+
+fn vmm_setup(
+    on: bool,
+) -> (
+    &'static Runtime,
+    &'static cupool::backend::host::HostBackend,
+    ContextInfo,
+) {
+    cupool::config::set("vmm", if on { "on" } else { "off" }).expect("vmm option");
+    setup_on(0)
+}
+
+fn fill(p: u64, n: u64, v: u8) {
+    // SAFETY: the pool handed out at least n bytes at p (mapped host memory).
+    unsafe { std::ptr::write_bytes(p as *mut u8, v, n as usize) };
+}
+
+fn holds(p: u64, n: u64, v: u8) -> bool {
+    // SAFETY: as for fill.
+    let s = unsafe { std::slice::from_raw_parts(p as *const u8, n as usize) };
+    s.iter().all(|&b| b == v)
+}
+
+/// Empties the cache and checks that the host backend holds no VMM object any more.
+fn empty_and_check_nothing_left(
+    rt: &Runtime,
+    host: &cupool::backend::host::HostBackend,
+    ctx: ContextInfo,
+) {
+    rt.flush_thread_cache();
+    host.complete_all(ctx.id);
+    rt.empty_cache(Some(0)).unwrap();
+    let pool = rt.context_pool(ctx).unwrap();
+    pool.check_invariants().unwrap();
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.reserved_bytes.current, 0, "everything went back");
+    assert_eq!(s.device_frees, s.device_allocs);
+    let v = pool.vmm_stats();
+    assert_eq!((v.mapped_bytes, v.idle_bytes, v.range_bytes), (0, 0, 0));
+    let c = host.counters();
+    assert_eq!(c.vmm_mappings, 0, "every granule unmapped");
+    assert_eq!(c.vmm_handles, 0, "every physical handle released");
+    assert_eq!(c.vmm_ranges, 0, "the reservation is freed");
+    assert_eq!(c.vmm_creates, c.vmm_releases);
+    assert_eq!(c.vmm_maps, c.vmm_unmaps);
+}
+
+#[test]
+fn every_byte_is_usable_while_memory_moves() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    let pool = rt.context_pool(ctx).unwrap_or_else(|_| {
+        let p = rt.alloc(1).unwrap();
+        rt.free(p).unwrap();
+        rt.context_pool(ctx).unwrap()
+    });
+    let sizes = [
+        MIB + 1,
+        3 * MIB,
+        5 * MIB + 512,
+        2 * MIB,
+        17 * MIB + 3,
+        40 * MIB,
+        1_500_000,
+    ];
+    let mut live: Vec<(u64, u64, u8)> = Vec::new();
+    let mut tag = 1u8;
+    for round in 0..6 {
+        for (i, &n) in sizes.iter().enumerate() {
+            let n = n + round * 777 * 512;
+            let p = if i % 2 == 0 {
+                rt.alloc_async(n as usize, if round % 2 == 0 { S1 } else { S2 })
+                    .unwrap()
+            } else {
+                rt.alloc(n as usize).unwrap()
+            };
+            fill(p, n, tag);
+            live.push((p, n, tag));
+            tag = tag.wrapping_add(1).max(1);
+        }
+        // Free every other block: their granules become stealable once fenced, and the next
+        // round's blocks (of other sizes) take their physical memory.
+        let mut keep = Vec::new();
+        for (k, b) in live.drain(..).enumerate() {
+            if k % 2 == 0 {
+                assert!(holds(b.0, b.1, b.2), "block {:#x} lost its contents", b.0);
+                rt.free(b.0).unwrap();
+            } else {
+                keep.push(b);
+            }
+        }
+        live = keep;
+        host.complete_all(ctx.id);
+        pool.check_invariants().unwrap();
+        for &(p, n, v) in &live {
+            assert!(holds(p, n, v), "block {p:#x} was overwritten or unmapped");
+        }
+    }
+    let v = pool.vmm_stats();
+    assert!(v.enabled && v.range_bytes > 0);
+    assert!(v.unmaps > 0, "memory was stitched from freed blocks");
+    let report = pool.check_invariants().unwrap();
+    assert_eq!(
+        report.reserved,
+        rt.context_stats(ctx).unwrap().reserved_bytes.current
+    );
+    for (p, n, v) in live {
+        assert!(holds(p, n, v));
+        rt.free(p).unwrap();
+    }
+    empty_and_check_nothing_left(rt, host, ctx);
+}
+
+#[test]
+fn growing_sizes_keep_reserved_near_the_live_peak() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let run = |on: bool| {
+        let (rt, host, ctx) = vmm_setup(on);
+        // Each step frees the previous tensor and takes a slightly larger one, as a KV cache
+        // grown by concatenation does; two are live at once.
+        let mut prev = rt.alloc(2 * MIB as usize).unwrap();
+        let mut peak_live = 0;
+        for i in 1..120u64 {
+            let n = 2 * MIB + i * 1_437_184;
+            let p = rt.alloc(n as usize).unwrap();
+            fill(p, 4096, 7);
+            peak_live = peak_live.max(n + 2 * MIB + (i - 1) * 1_437_184);
+            rt.free(prev).unwrap();
+            prev = p;
+        }
+        rt.free(prev).unwrap();
+        let s = rt.context_stats(ctx).unwrap();
+        rt.context_pool(ctx).unwrap().check_invariants().unwrap();
+        let peak = s.reserved_bytes.peak;
+        empty_and_check_nothing_left(rt, host, ctx);
+        (peak, peak_live)
+    };
+    let (on, live) = run(true);
+    let (off, _) = run(false);
+    eprintln!("growing: live peak {live}, reserved peak vmm on {on}, off {off}");
+    // Live peak plus the granules shared at block edges, and one block freed but not yet
+    // fenced (streamless frees wait for a fence before their memory can move).
+    assert!(
+        on <= live + 4 * G,
+        "vmm: reserved peak {on} for a live peak of {live}"
+    );
+    assert!(on < off, "vmm on {on} should beat segments {off}");
+}
+
+#[test]
+fn stream_ordered_growth_tracks_live_bytes_closely() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    let mut peak_live = 0;
+    let mut prev: Option<(u64, u64)> = None;
+    for i in 0..200u64 {
+        let n = 3 * MIB + (i * 7_919 * 512) % (60 * MIB);
+        let p = rt.alloc_async(n as usize, S1).unwrap();
+        fill(p, n, (i % 250) as u8 + 1);
+        peak_live = peak_live.max(n + prev.map_or(0, |x| x.1));
+        if let Some((q, _)) = prev.take() {
+            rt.free_async(q, S1).unwrap();
+        }
+        prev = Some((p, n));
+    }
+    rt.free_async(prev.unwrap().0, S1).unwrap();
+    rt.flush_thread_cache();
+    let s = rt.context_stats(ctx).unwrap();
+    eprintln!(
+        "stream growth: live peak {peak_live}, reserved peak {}",
+        s.reserved_bytes.peak
+    );
+    assert!(
+        s.reserved_bytes.peak <= peak_live + 4 * G,
+        "reserved peak {} for live peak {peak_live}",
+        s.reserved_bytes.peak
+    );
+    empty_and_check_nothing_left(rt, host, ctx);
+}
+
+#[test]
+fn blocks_awaiting_a_fence_keep_their_memory_mapped() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    host.set_manual_completion(ctx.id, true);
+    let a = rt.alloc(20 * MIB as usize).unwrap();
+    fill(a, 20 * MIB, 0xab);
+    rt.free(a).unwrap();
+    let unmaps = host.counters().vmm_unmaps;
+    // The device may still read `a`: its granules may not move to `b`.
+    let b = rt.alloc(24 * MIB as usize).unwrap();
+    assert_ne!(a, b);
+    assert_eq!(
+        host.counters().vmm_unmaps,
+        unmaps,
+        "nothing unmapped under a pending free"
+    );
+    assert!(
+        holds(a, 20 * MIB, 0xab),
+        "the pending block is still mapped, contents intact"
+    );
+    fill(b, 24 * MIB, 1);
+    rt.context_pool(ctx).unwrap().check_invariants().unwrap();
+    rt.free(b).unwrap();
+    host.set_manual_completion(ctx.id, false);
+    empty_and_check_nothing_left(rt, host, ctx);
+}
+
+#[test]
+fn no_mapping_while_a_capture_is_active() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    // Map 8 MiB and cache it.
+    let a = rt.alloc_async(8 * MIB as usize, S1).unwrap();
+    rt.free_async(a, S1).unwrap();
+    rt.flush_thread_cache();
+    let before = host.counters();
+    rt.capture_begin(ctx.id);
+    // A cached, mapped block is still handed out.
+    let b = rt.alloc_async(8 * MIB as usize, S1).unwrap();
+    fill(b, 8 * MIB, 3);
+    // One that needs new granules is refused, with no driver call.
+    let r = rt.alloc_async(64 * MIB as usize, S2);
+    assert!(r.is_err(), "growth during a capture: {r:?}");
+    let during = host.counters();
+    assert_eq!(
+        (during.vmm_maps, during.vmm_unmaps, during.vmm_creates),
+        (before.vmm_maps, before.vmm_unmaps, before.vmm_creates)
+    );
+    rt.capture_end(ctx.id);
+    rt.free_async(b, S1).unwrap();
+    rt.context_pool(ctx).unwrap().check_invariants().unwrap();
+    empty_and_check_nothing_left(rt, host, ctx);
+}
+
+/// Device 1, for its memory limit.
+#[test]
+fn the_limit_holds_and_stitching_serves_requests_under_it() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    cupool::config::set("vmm", "on").unwrap();
+    let (rt, host, ctx) = setup_on(1);
+    rt.set_memory_limit(1, 64 * MIB).unwrap();
+    // Sizes that never repeat, 40 MiB live at most: only stitching keeps this under 64 MiB.
+    for i in 0..50u64 {
+        let n = 10 * MIB + i * 300_544;
+        let p = rt.alloc_async(n as usize, S1).unwrap();
+        let q = rt.alloc(n as usize).unwrap();
+        fill(p, n, 1);
+        fill(q, n, 2);
+        assert!(holds(p, n, 1));
+        rt.free_async(p, S1).unwrap();
+        rt.free(q).unwrap();
+    }
+    assert!(rt.context_stats(ctx).unwrap().reserved_bytes.peak <= 64 * MIB);
+    assert_eq!(
+        rt.alloc_async(100 * MIB as usize, S2),
+        Err(CupoolStatus::CupoolErrorOutOfMemory)
+    );
+    rt.context_pool(ctx).unwrap().check_invariants().unwrap();
+    // Physical memory creation failing once: the pool stays consistent and works after.
+    host.fail_next_create(BackendError::OutOfMemory);
+    let r = rt.alloc_async(30 * MIB as usize, S2);
+    rt.context_pool(ctx).unwrap().check_invariants().unwrap();
+    if let Ok(p) = r {
+        fill(p, 30 * MIB, 9);
+        rt.free_async(p, S2).unwrap();
+    }
+    rt.flush_thread_cache();
+    host.complete_all(ctx.id);
+    rt.empty_cache(Some(1)).unwrap();
+    rt.set_memory_limit(1, 0).unwrap();
+    let c = host.counters();
+    assert_eq!((c.vmm_mappings, c.vmm_handles, c.vmm_ranges), (0, 0, 0));
+    assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);
+}

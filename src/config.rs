@@ -46,6 +46,7 @@ pub enum Key {
     LargeSegment,
     FenceBatch,
     FenceSpareMax,
+    GrowWaitUs,
     Vmm,
     HostAutoComplete,
     Verbose,
@@ -54,7 +55,7 @@ pub enum Key {
 pub const BACKENDS: &[&str] = &["cuda", "host"];
 pub const VMM_MODES: &[&str] = &["off", "on"];
 
-pub static OPTIONS: [OptionDesc; 12] = [
+pub static OPTIONS: [OptionDesc; 13] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -119,6 +120,13 @@ pub static OPTIONS: [OptionDesc; 12] = [
         runtime: true,
     },
     OptionDesc {
+        key: "grow_wait_us",
+        default: "50000",
+        kind: ValueKind::Count,
+        doc: "Before the pool takes more memory from the driver while freed blocks that would cover the request only wait for their fence (the device is behind), it waits up to this many microseconds for the fence instead (what `cudaFree` would have waited for anyway), then grows. 0 turns it off.",
+        runtime: true,
+    },
+    OptionDesc {
         key: "vmm",
         default: "off",
         kind: ValueKind::Choice(VMM_MODES),
@@ -142,7 +150,7 @@ pub static OPTIONS: [OptionDesc; 12] = [
 ];
 
 /// The current value of every option, encoded as u64 (bools 0/1, choices by index).
-static VALUES: [AtomicU64; 12] = [const { AtomicU64::new(0) }; 12];
+static VALUES: [AtomicU64; OPTIONS.len()] = [const { AtomicU64::new(0) }; OPTIONS.len()];
 static LOADED: AtomicBool = AtomicBool::new(false);
 /// Bumped whenever a value changes, so hot paths can keep a snapshot and re-read only
 /// after a change.

@@ -696,6 +696,46 @@ impl Runtime {
         }
     }
 
+    /// The calling thread's current context was given peer access to `peer`'s memory
+    /// (`cuCtxEnablePeerAccess(peer)` succeeded): blocks of `peer`'s pool that are backed by
+    /// VMM granules become reachable from the caller's device, those mapped already and
+    /// those mapped later. (Segments from `cuMemAlloc` need nothing: the driver's peer
+    /// access covers them.)
+    pub fn peer_access_enabled(&self, peer: ContextId) -> Result<()> {
+        let caller = self
+            .backend
+            .existing_context()
+            .map_err(CupoolStatus::from)?
+            .ok_or(CupoolStatus::CupoolErrorInvalidValue)?;
+        if caller.id == peer {
+            return Ok(());
+        }
+        // Recorded first: a map from now on grants the caller's device itself, and one
+        // made before is granted below (maps and grants are serialised per pool).
+        self.backend.set_peer_access(peer, caller.device, true);
+        if let Some(p) = pool::all_pools().find(|p| p.ctx.id == peer) {
+            if p.grant_mapped_to(caller.device) > 0 {
+                return Err(CupoolStatus::CupoolErrorCuda);
+            }
+        }
+        Ok(())
+    }
+
+    /// The calling thread's current context lost peer access to `peer`
+    /// (`cuCtxDisablePeerAccess(peer)` succeeded): later maps no longer grant the caller's
+    /// device access; what was granted stays.
+    pub fn peer_access_disabled(&self, peer: ContextId) -> Result<()> {
+        let caller = self
+            .backend
+            .existing_context()
+            .map_err(CupoolStatus::from)?
+            .ok_or(CupoolStatus::CupoolErrorInvalidValue)?;
+        if caller.id != peer {
+            self.backend.set_peer_access(peer, caller.device, false);
+        }
+        Ok(())
+    }
+
     fn pool_by_context(&self, ctx: ContextId) -> Option<&'static DevicePool> {
         if let Some(p) = pool::all_pools().find(|p| p.ctx.id == ctx) {
             return Some(p);

@@ -67,6 +67,11 @@ pub struct ReplayArgs {
     /// Replay only the first N events.
     #[arg(long, value_name = "N")]
     pub max_events: Option<usize>,
+    /// Host backend: the simulated GPU runs this many microseconds of trace time behind
+    /// the program, so blocks freed without a stream wait that long for their fence (0:
+    /// fences complete at once).
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 0)]
+    pub gpu_lag_us: u64,
 }
 
 /// Runs a program with its CUDA allocations served by cupool (under libcupool_preload.so).

@@ -52,6 +52,7 @@ pub fn execute(args: &ReplayArgs) -> Result<(), String> {
     }
     let opts = ReplayOptions {
         max_events: args.max_events,
+        gpu_lag_us: args.gpu_lag_us,
         ..ReplayOptions::default()
     };
     let report =
@@ -227,6 +228,13 @@ fn human_report(path: &Path, trace: &Trace, r: &ReplayReport) -> String {
         r.free_time.mean_ns,
         r.wall_seconds
     );
+    if r.simulated_wait_us > 0 {
+        let _ = writeln!(
+            o,
+            "  simulated GPU    the program waited {:.1} ms for fences (trace time)",
+            r.simulated_wait_us as f64 / 1000.0
+        );
+    }
     let _ = writeln!(
         o,
         "  at the end       {} live blocks freed, empty_cache released {}, reserved after: {}",

@@ -26,6 +26,7 @@ pub mod dlsym_hook;
 pub mod guard;
 pub mod lifecycle;
 pub mod memory;
+pub mod peer;
 pub mod proc_address;
 pub mod real;
 pub mod table;

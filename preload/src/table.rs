@@ -35,6 +35,8 @@ pub enum Slot {
     EndCapturePtsz,
     GetProcAddress,
     GetProcAddressV2,
+    CtxEnablePeerAccess,
+    CtxDisablePeerAccess,
     /// Not hooked: the hooks use it to find the calling thread's context.
     CtxGetCurrent,
 }
@@ -65,6 +67,8 @@ impl Slot {
             Slot::EndCapturePtsz => b"cuStreamEndCapture_ptsz\0",
             Slot::GetProcAddress => b"cuGetProcAddress\0",
             Slot::GetProcAddressV2 => b"cuGetProcAddress_v2\0",
+            Slot::CtxEnablePeerAccess => b"cuCtxEnablePeerAccess\0",
+            Slot::CtxDisablePeerAccess => b"cuCtxDisablePeerAccess\0",
             Slot::CtxGetCurrent => b"cuCtxGetCurrent\0",
         }
     }
@@ -90,6 +94,8 @@ impl Slot {
         Slot::EndCapturePtsz,
         Slot::GetProcAddress,
         Slot::GetProcAddressV2,
+        Slot::CtxEnablePeerAccess,
+        Slot::CtxDisablePeerAccess,
         Slot::CtxGetCurrent,
     ];
 }
@@ -145,6 +151,7 @@ macro_rules! addr {
 
 use crate::capture as cap;
 use crate::memory as mem;
+use crate::peer;
 use crate::proc_address as gpa;
 use StreamFlavour::{Any, Legacy, PerThread};
 
@@ -152,7 +159,7 @@ const NEWEST: i32 = i32::MAX;
 
 /// Every hook. Versions: `cudaTypedefs.h` (`PFN_cuMemAlloc_v3020`, `PFN_cuStreamBeginCapture_v10010`,
 /// `PFN_cuGetProcAddress_v12000`, ...).
-pub static HOOKS: [Hook; 19] = [
+pub static HOOKS: [Hook; 21] = [
     Hook {
         slot: Slot::MemAlloc,
         query: q(b"cuMemAlloc\0", 3020, NEWEST, Any),
@@ -247,6 +254,16 @@ pub static HOOKS: [Hook; 19] = [
         slot: Slot::GetProcAddressV2,
         query: q(b"cuGetProcAddress\0", 12000, NEWEST, Any),
         replacement: addr!(gpa::cuGetProcAddress_v2),
+    },
+    Hook {
+        slot: Slot::CtxEnablePeerAccess,
+        query: q(b"cuCtxEnablePeerAccess\0", 4000, NEWEST, Any),
+        replacement: addr!(peer::cuCtxEnablePeerAccess),
+    },
+    Hook {
+        slot: Slot::CtxDisablePeerAccess,
+        query: q(b"cuCtxDisablePeerAccess\0", 4000, NEWEST, Any),
+        replacement: addr!(peer::cuCtxDisablePeerAccess),
     },
 ];
 

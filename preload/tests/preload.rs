@@ -30,6 +30,8 @@ const HOOKED: &[&str] = &[
     "cuStreamBeginCaptureToGraph_ptsz",
     "cuStreamEndCapture",
     "cuStreamEndCapture_ptsz",
+    "cuCtxEnablePeerAccess",
+    "cuCtxDisablePeerAccess",
 ];
 
 fn tool_output(tool: &str, args: &[&str]) -> String {
@@ -305,6 +307,29 @@ fn queries_on_pool_blocks_answer_for_the_block() {
             "{reach:?}: sub-allocated block exported"
         );
         assert_eq!(pre.get("ipc_whole"), "0", "{reach:?}");
+        assert_eq!(pre.get("info_free_recovered"), "1", "{reach:?}");
+    }
+}
+
+/// With `vmm:on`, blocks above 1 MiB come from the VMM arena: address range and pointer
+/// attributes are the block's (not the arena's), legacy IPC is refused, memory freed counts
+/// as free, and a program's `cuCtxEnablePeerAccess` reaches blocks mapped before and after.
+#[test]
+fn vmm_blocks_answer_queries_and_follow_peer_access() {
+    for reach in ALL_REACHES {
+        let exe = support::driver_program(reach);
+        let env = [("CUPOOL_CONF", "vmm:on"), ("FAKE_CUDA_DEVICES", "2")];
+        let pre = run_ok(&exe, &["vmm"], true, &env);
+        assert_eq!(pre.get("a.mapped"), "1", "{reach:?}: an arena block");
+        assert_eq!(pre.get("range_a.base_is_a"), "1", "{reach:?}");
+        assert_eq!(pre.get("range_a.size"), (5 * 1024 * 1024 + 3).to_string());
+        assert_eq!(pre.get("attr_a.start_is_a"), "1", "{reach:?}");
+        assert_eq!(pre.get("attr_a.size"), (5 * 1024 * 1024 + 3).to_string());
+        assert_eq!(pre.get("ipc_a"), "1", "{reach:?}: CUDA_ERROR_INVALID_VALUE");
+        assert_eq!(pre.get("a.peer_before"), "0", "{reach:?}");
+        assert_eq!(pre.get("enable_peer"), "0", "{reach:?}");
+        assert_eq!(pre.get("a.peer_after"), "1", "{reach:?}: mapped before");
+        assert_eq!(pre.get("b.peer"), "1", "{reach:?}: mapped after");
         assert_eq!(pre.get("info_free_recovered"), "1", "{reach:?}");
     }
 }

@@ -44,6 +44,8 @@ pub mod code {
     pub const INSUFFICIENT_DRIVER: CuResult = 35;
     pub const CALL_REQUIRES_NEWER_DRIVER: CuResult = 36;
     pub const DEVICE_UNAVAILABLE: CuResult = 46;
+    /// `CUDA_ERROR_NOT_SUPPORTED`: the device or platform lacks the feature (VMM).
+    pub const NOT_SUPPORTED: CuResult = 801;
     pub const NO_DEVICE: CuResult = 100;
     pub const INVALID_DEVICE: CuResult = 101;
     pub const INVALID_HANDLE: CuResult = 400;
@@ -117,6 +119,39 @@ pub type GetProcAddressV1Fn = unsafe extern "C" fn(
     flags: u64,
 ) -> CuResult;
 
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default)]
+pub struct MemLocation {
+    /// `CUmemLocationType` (`CU_MEM_LOCATION_TYPE_DEVICE` = 1).
+    pub kind: c_int,
+    /// The device ordinal for a device location.
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp` (CUDA 10.2 and later; 32 bytes).
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct MemAllocationProp {
+    /// `CUmemAllocationType` (`CU_MEM_ALLOCATION_TYPE_PINNED` = 1).
+    pub kind: c_int,
+    /// `CUmemAllocationHandleType` bits (0: no shareable handle).
+    pub requested_handle_types: c_int,
+    pub location: MemLocation,
+    pub win32_handle_meta_data: *mut c_void,
+    /// `allocFlags`: compressionType, gpuDirectRDMACapable, usage, reserved[4].
+    pub alloc_flags: [u8; 8],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct MemAccessDesc {
+    pub location: MemLocation,
+    /// `CUmemAccess_flags` (`CU_MEM_ACCESS_FLAGS_PROT_READWRITE` = 3).
+    pub flags: c_int,
+}
+
 /// The driver functions cupool calls. Each is the variant named in its comment.
 pub struct DriverApi {
     /// `cuGetProcAddress_v2` (CUDA >= 12.0); `None` on older drivers.
@@ -162,6 +197,28 @@ pub struct DriverApi {
     pub stream_create: Option<unsafe extern "C" fn(*mut CUstream, c_uint) -> CuResult>,
     /// `cuStreamDestroy_v2`.
     pub stream_destroy: Option<unsafe extern "C" fn(CUstream) -> CuResult>,
+    /// `cuDeviceGetAttribute`.
+    pub device_get_attribute: Option<unsafe extern "C" fn(*mut c_int, c_int, CUdevice) -> CuResult>,
+    /// `cuMemGetAllocationGranularity` (CUDA >= 10.2, as are the VMM functions below).
+    pub mem_get_allocation_granularity:
+        Option<unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_int) -> CuResult>,
+    /// `cuMemAddressReserve(ptr, size, alignment, addr, flags)`.
+    pub mem_address_reserve:
+        Option<unsafe extern "C" fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64) -> CuResult>,
+    /// `cuMemAddressFree(ptr, size)`.
+    pub mem_address_free: Option<unsafe extern "C" fn(CUdeviceptr, usize) -> CuResult>,
+    /// `cuMemCreate(handle, size, prop, flags)`.
+    pub mem_create:
+        Option<unsafe extern "C" fn(*mut u64, usize, *const MemAllocationProp, u64) -> CuResult>,
+    /// `cuMemRelease(handle)`.
+    pub mem_release: Option<unsafe extern "C" fn(u64) -> CuResult>,
+    /// `cuMemMap(ptr, size, offset, handle, flags)`.
+    pub mem_map: Option<unsafe extern "C" fn(CUdeviceptr, usize, usize, u64, u64) -> CuResult>,
+    /// `cuMemUnmap(ptr, size)`.
+    pub mem_unmap: Option<unsafe extern "C" fn(CUdeviceptr, usize) -> CuResult>,
+    /// `cuMemSetAccess(ptr, size, desc, count)`.
+    pub mem_set_access:
+        Option<unsafe extern "C" fn(CUdeviceptr, usize, *const MemAccessDesc, usize) -> CuResult>,
 }
 
 impl DriverApi {
@@ -281,6 +338,15 @@ fn load() -> BackendResult<DriverApi> {
         ctx_record_event: None,
         stream_create: None,
         stream_destroy: None,
+        device_get_attribute: None,
+        mem_get_allocation_granularity: None,
+        mem_address_reserve: None,
+        mem_address_free: None,
+        mem_create: None,
+        mem_release: None,
+        mem_map: None,
+        mem_unmap: None,
+        mem_set_access: None,
     };
     // The query version of each function is the first release whose variant we call.
     api.init = resolve!(api, c"cuInit", 2000);
@@ -308,6 +374,15 @@ fn load() -> BackendResult<DriverApi> {
     api.ctx_record_event = resolve!(api, c"cuCtxRecordEvent", 12050);
     api.stream_create = resolve!(api, c"cuStreamCreate", 2000);
     api.stream_destroy = resolve!(api, c"cuStreamDestroy", 4000);
+    api.device_get_attribute = resolve!(api, c"cuDeviceGetAttribute", 2000);
+    api.mem_get_allocation_granularity = resolve!(api, c"cuMemGetAllocationGranularity", 10020);
+    api.mem_address_reserve = resolve!(api, c"cuMemAddressReserve", 10020);
+    api.mem_address_free = resolve!(api, c"cuMemAddressFree", 10020);
+    api.mem_create = resolve!(api, c"cuMemCreate", 10020);
+    api.mem_release = resolve!(api, c"cuMemRelease", 10020);
+    api.mem_map = resolve!(api, c"cuMemMap", 10020);
+    api.mem_unmap = resolve!(api, c"cuMemUnmap", 10020);
+    api.mem_set_access = resolve!(api, c"cuMemSetAccess", 10020);
     Ok(api)
 }
 

@@ -50,6 +50,14 @@ struct State {
     next_event: u64,
     /// Contexts whose events complete only when a test says so.
     manual: std::collections::HashSet<u64>,
+    /// Contexts whose simulated device runs behind the program (trace replay): context →
+    /// (lag, simulated now), in microseconds; an event recorded at `now` completes once the
+    /// time reaches `now + lag`, or when the program waits for it.
+    lagging: HashMap<u64, (u64, u64)>,
+    /// When each event of a lagging context completes (simulated microseconds).
+    due: HashMap<u64, u64>,
+    /// Simulated microseconds the program spent waiting for lagging contexts' events.
+    waited_us: u64,
     /// Contexts with a stream capture in progress that the pool was not told about.
     capturing: std::collections::HashSet<u64>,
     /// Counters tests read.
@@ -133,6 +141,9 @@ impl HostBackend {
                 events: HashMap::new(),
                 next_event: 1,
                 manual: std::collections::HashSet::new(),
+                lagging: HashMap::new(),
+                due: HashMap::new(),
+                waited_us: 0,
                 capturing: std::collections::HashSet::new(),
                 allocs: 0,
                 releases: 0,
@@ -180,6 +191,41 @@ impl HostBackend {
         } else {
             s.manual.remove(&ctx.0);
         }
+    }
+
+    /// Makes the simulated device of `ctx` run `lag_us` microseconds behind the program
+    /// (0: events complete when recorded, as usual): a trace replay's model of a GPU that
+    /// is behind the CPU. Time moves with [`HostBackend::set_time`].
+    pub fn set_lag(&self, ctx: ContextId, lag_us: u64) {
+        let mut s = self.state.lock();
+        if lag_us == 0 {
+            s.lagging.remove(&ctx.0);
+        } else {
+            s.lagging.insert(ctx.0, (lag_us, 0));
+        }
+    }
+
+    /// Moves the simulated time of a lagging context to `now_us`: its events due by then
+    /// complete.
+    pub fn set_time(&self, ctx: ContextId, now_us: u64) {
+        let mut s = self.state.lock();
+        let Some(entry) = s.lagging.get_mut(&ctx.0) else {
+            return;
+        };
+        entry.1 = entry.1.max(now_us);
+        let now = entry.1;
+        let State { events, due, .. } = &mut *s;
+        for (id, (c, done)) in events.iter_mut() {
+            if *c == ctx.0 && !*done && due.get(id).is_some_and(|&d| d <= now) {
+                *done = true;
+            }
+        }
+    }
+
+    /// Simulated microseconds spent waiting for lagging contexts' events (the stalls a
+    /// replay's waits would have cost on the device).
+    pub fn waited_us(&self) -> u64 {
+        self.state.lock().waited_us
     }
 
     /// Completes all work recorded so far in `ctx`.
@@ -281,7 +327,11 @@ impl HostBackend {
         let mut s = self.state.lock();
         let ev = s.next_event;
         s.next_event += 1;
-        let done = auto && !s.manual.contains(&ctx.0);
+        let mut done = auto && !s.manual.contains(&ctx.0);
+        if let Some(&(lag, now)) = s.lagging.get(&ctx.0) {
+            done = false;
+            s.due.insert(ev, now + lag);
+        }
         s.events.insert(ev, (ctx.0, done));
         EventHandle(ev)
     }
@@ -618,7 +668,19 @@ impl Backend for HostBackend {
         // Waiting means the simulated device ran the context's work up to this event.
         let mut s = self.state.lock();
         let ctx = s.events.get(&event.0).ok_or(BackendError::InvalidValue)?.0;
-        for (id, (c, done)) in s.events.iter_mut() {
+        let State {
+            events,
+            due,
+            lagging,
+            waited_us,
+            ..
+        } = &mut *s;
+        if let Some(&(_, now)) = lagging.get(&ctx) {
+            // The program stalls until the device reaches the event.
+            let until = due.get(&event.0).copied().unwrap_or(now);
+            *waited_us += until.saturating_sub(now);
+        }
+        for (id, (c, done)) in events.iter_mut() {
             if *c == ctx && *id <= event.0 {
                 *done = true;
             }
@@ -626,8 +688,31 @@ impl Backend for HostBackend {
         Ok(())
     }
 
+    /// A lagging context (replay) waits as [`HostBackend::wait_event`] does, however long
+    /// (no real time passes in a simulation; [`HostBackend::waited_us`] adds it up); in
+    /// other contexts a test holds events in flight by hand, so the answer is the event's
+    /// state now.
+    fn wait_event_for(
+        &self,
+        ctx: ContextId,
+        event: EventHandle,
+        _bound: core::time::Duration,
+    ) -> BackendResult<bool> {
+        let owner = {
+            let s = self.state.lock();
+            s.events.get(&event.0).ok_or(BackendError::InvalidValue)?.0
+        };
+        if self.state.lock().lagging.contains_key(&owner) {
+            self.wait_event(ctx, event)?;
+            return Ok(true);
+        }
+        self.event_completed(ctx, event)
+    }
+
     fn recycle_event(&self, _ctx: ContextId, event: EventHandle) {
-        self.state.lock().events.remove(&event.0);
+        let mut s = self.state.lock();
+        s.events.remove(&event.0);
+        s.due.remove(&event.0);
     }
 
     fn memory_info(&self, ctx: ContextId) -> BackendResult<(u64, u64)> {

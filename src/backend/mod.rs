@@ -153,7 +153,9 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Maps the physical memory `handle` (of `bytes`) at `ptr`, inside a reserved range,
-    /// and makes it readable and writable by the device (`cuMemMap` + `cuMemSetAccess`).
+    /// and makes it readable and writable by the device, and by every device recorded with
+    /// [`Backend::set_peer_access`] for `ctx` (`cuMemMap` + `cuMemSetAccess`). On failure
+    /// nothing stays mapped.
     fn map_physical(
         &self,
         _ctx: ContextId,
@@ -167,6 +169,25 @@ pub trait Backend: Send + Sync + 'static {
     /// Unmaps what [`Backend::map_physical`] mapped at `ptr` (`cuMemUnmap`). No work may
     /// still use the range.
     fn unmap_physical(&self, _ctx: ContextId, _ptr: DevicePtr, _bytes: u64) -> BackendResult<()> {
+        Err(BackendError::Unavailable)
+    }
+
+    /// Records that `device` may (`enabled`) or may no longer reach memory of the context
+    /// `owner` (a program enabled or disabled peer access from a context of `device` to
+    /// `owner`): every later [`Backend::map_physical`] in `owner` also grants `device`
+    /// read/write access. Mappings made before are the caller's to grant
+    /// ([`Backend::grant_access`]); disabling revokes nothing already granted.
+    fn set_peer_access(&self, _owner: ContextId, _device: i32, _enabled: bool) {}
+
+    /// Gives `device` read/write access to `[ptr, ptr + bytes)`, a range of `ctx`'s
+    /// reservation that is wholly mapped (`cuMemSetAccess`).
+    fn grant_access(
+        &self,
+        _ctx: ContextId,
+        _ptr: DevicePtr,
+        _bytes: u64,
+        _device: i32,
+    ) -> BackendResult<()> {
         Err(BackendError::Unavailable)
     }
 
@@ -186,6 +207,26 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Blocks until the event has completed (`cuEventSynchronize`).
     fn wait_event(&self, ctx: ContextId, event: EventHandle) -> BackendResult<()>;
+
+    /// Waits at most `bound` for the event to complete; whether it did. The default polls
+    /// [`Backend::event_completed`] (a blocking `cuEventSynchronize` could not be bounded).
+    fn wait_event_for(
+        &self,
+        ctx: ContextId,
+        event: EventHandle,
+        bound: core::time::Duration,
+    ) -> BackendResult<bool> {
+        let started = std::time::Instant::now();
+        loop {
+            if self.event_completed(ctx, event)? {
+                return Ok(true);
+            }
+            if started.elapsed() >= bound {
+                return Ok(false);
+            }
+            std::thread::yield_now();
+        }
+    }
 
     /// Returns an event the pool no longer needs (the backend may reuse it).
     fn recycle_event(&self, ctx: ContextId, event: EventHandle);

@@ -266,13 +266,17 @@ impl Outstanding {
     }
 }
 
-/// Which work a fence-advance pass may do.
+/// Which work a fence-advance pass may do. Each first seals: records one fence for the
+/// frees no fence covers yet (not past [`MAX_OUTSTANDING_FENCES`] unless it waits for all).
 #[derive(Copy, Clone, PartialEq, Eq)]
 enum Advance {
     /// Record events/fences for unsealed frees and poll the outstanding ones.
-    SealAndPoll,
+    Poll,
     /// Record, then wait for every outstanding event and fence (OOM path, empty_cache).
-    SealAndWait,
+    Wait,
+    /// Record, then wait at most this long for the newest fence (before growing: Note
+    /// [wait before growing]); what completed meanwhile drains either way.
+    WaitUpTo(core::time::Duration),
 }
 
 /// One context's pool.
@@ -461,7 +465,7 @@ impl DevicePool {
                     return Ok(ptr);
                 }
             }
-            let moved = self.advance(Advance::SealAndPoll);
+            let moved = self.advance(Advance::Poll);
             let fitted = if moved > 0 {
                 self.try_fit(c, req)
             } else {
@@ -477,9 +481,12 @@ impl DevicePool {
         flush_own_cache();
         if req.kind == SegmentKind::Large && self.arena_active() && self.may_order() {
             // Note [vmm arena]: the flushed blocks' granules can be stolen once fenced.
-            self.advance(Advance::SealAndPoll);
+            self.advance(Advance::Poll);
         }
         if let Some(ptr) = self.try_fit(c, req) {
+            return Ok(ptr);
+        }
+        if let Some(ptr) = self.wait_before_growing(c, req) {
             return Ok(ptr);
         }
         self.shared.lock().slow.misses += 1;
@@ -498,7 +505,7 @@ impl DevicePool {
         // Other threads give theirs back at their next call.
         thread_cache::request_flush_all();
         if self.may_order() {
-            self.advance(Advance::SealAndWait);
+            self.advance(Advance::Wait);
             if let Some(ptr) = self.try_fit(c, req) {
                 return Ok(ptr);
             }
@@ -513,6 +520,33 @@ impl DevicePool {
             ));
         }
         result
+    }
+
+    /// Note [wait before growing]: blocks freed while the device is behind wait for their
+    /// fence, and a miss that cannot use them would take more memory from the driver. When
+    /// the bytes waiting would cover the request, the miss waits (at most `grow_wait_us`)
+    /// for the newest fence instead, which is what `cudaFree` would have waited for on
+    /// every free; then it fits the request from what drained. The stall is bounded and
+    /// taken only on a miss, where a driver allocation (tens of µs) was the alternative.
+    /// A spare copy (Note [lone fences]) is not subject to this: it exists to save fences.
+    fn wait_before_growing(&self, c: &ThreadCounters, req: Request) -> Option<u64> {
+        let bound = config::get(Key::GrowWaitUs);
+        if bound == 0 || !self.may_order() {
+            return None;
+        }
+        let waiting = {
+            let sh = self.shared.lock();
+            sh.fence_queue.bytes + sh.streams.iter().map(|st| st.age.bytes).sum::<u64>()
+        };
+        if waiting < req.size {
+            return None;
+        }
+        let bound = core::time::Duration::from_micros(bound);
+        let moved = self.advance(Advance::WaitUpTo(bound));
+        if moved == 0 {
+            return None;
+        }
+        self.try_fit(c, req)
     }
 
     /// Whether this miss should grow a second copy of a large block instead of fencing the
@@ -998,9 +1032,7 @@ impl DevicePool {
             // Batch full: record one fence for all of them now, so they are reusable by the
             // time the next miss looks (recording costs ~0.2 µs; no wait).
             if let Ok(_ev) = self.events.try_lock() {
-                self.reporting_stalls("sealing a batch of frees", || {
-                    self.seal(Advance::SealAndPoll)
-                });
+                self.reporting_stalls("sealing a batch of frees", || self.seal(Advance::Poll));
             }
         }
     }
@@ -1020,7 +1052,7 @@ impl DevicePool {
         let epoch = {
             let mut sh = self.shared.lock();
             let outstanding = Outstanding::of(&sh);
-            if mode == Advance::SealAndPoll && sh.fences.len() >= MAX_OUTSTANDING_FENCES {
+            if mode != Advance::Wait && sh.fences.len() >= MAX_OUTSTANDING_FENCES {
                 // The device is far behind: one more fence would not complete sooner than
                 // the outstanding ones, and the blocks simply wait for a later one.
                 return outstanding;
@@ -1092,14 +1124,20 @@ impl DevicePool {
             (_, None) => 0,
             // Waiting on the newest covers every older one; if that fails (driver error),
             // no older one is tried.
-            (Advance::SealAndWait, Some((ev, e))) => {
+            (Advance::Wait, Some((ev, e))) => {
                 if self.backend.wait_event(self.ctx.id, ev).is_ok() {
                     e
                 } else {
                     0
                 }
             }
-            (Advance::SealAndPoll, Some(newest)) => {
+            (Advance::WaitUpTo(bound), Some(newest)) => {
+                match self.backend.wait_event_for(self.ctx.id, newest.0, bound) {
+                    Ok(true) => newest.1,
+                    _ => self.newest_completed(count, newest).map_or(0, |(_, e)| e),
+                }
+            }
+            (Advance::Poll, Some(newest)) => {
                 self.newest_completed(count, newest).map_or(0, |(_, e)| e)
             }
         };
@@ -1266,7 +1304,7 @@ impl DevicePool {
         if BACKEND_OFF.load(Ordering::Relaxed) {
             return Ok(0);
         }
-        self.advance(Advance::SealAndWait);
+        self.advance(Advance::Wait);
         Ok(self.release_idle_segments(c))
     }
 

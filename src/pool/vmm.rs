@@ -217,6 +217,22 @@ impl Arena {
     pub fn granule_count(&self) -> usize {
         self.handles.len()
     }
+
+    /// The mapped parts of the arena, as (address, bytes) runs of adjacent mapped granules.
+    pub fn mapped_runs(&self) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (g, &h) in self.handles.iter().enumerate() {
+            if h == 0 {
+                continue;
+            }
+            let at = self.address(g);
+            match runs.last_mut() {
+                Some((start, len)) if *start + *len == at => *len += self.granule,
+                _ => runs.push((at, self.granule)),
+            }
+        }
+        runs
+    }
 }
 
 impl DevicePool {
@@ -517,6 +533,32 @@ impl DevicePool {
             }
         }
         released
+    }
+
+    /// Gives `device` access to every granule mapped now (Note [vmm peer access] in the
+    /// CUDA backend: later maps grant it themselves once the backend has recorded the
+    /// peer). Maps happen with `events` held, so none is missed. Returns the runs whose
+    /// grant failed.
+    pub fn grant_mapped_to(&self, device: i32) -> usize {
+        if BACKEND_OFF.load(Ordering::Relaxed) || device == self.ctx.device {
+            return 0;
+        }
+        let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let runs = match self.shared.lock().arena.as_ref() {
+            Some(a) => a.mapped_runs(),
+            None => return 0,
+        };
+        let mut failed = 0;
+        for (ptr, bytes) in runs {
+            if let Err(e) = self.backend.grant_access(self.ctx.id, ptr, bytes, device) {
+                failed += 1;
+                crate::log::warn(&format!(
+                    "cupool: device {}: granting device {device} access to {bytes} bytes at {ptr:#x} failed: {e:?}",
+                    self.ctx.device
+                ));
+            }
+        }
+        failed
     }
 
     /// VMM figures of this pool.

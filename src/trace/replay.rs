@@ -44,6 +44,10 @@ pub struct ReplayOptions {
     pub samples: usize,
     /// Events between two calls of the progress callback.
     pub progress_every: usize,
+    /// Host backend only: the simulated device runs this many microseconds of trace time
+    /// behind the program, so a fence completes that long after it was recorded (0: at
+    /// once). A model of a GPU that is behind the CPU, for the frees that wait for fences.
+    pub gpu_lag_us: u64,
 }
 
 impl Default for ReplayOptions {
@@ -52,6 +56,7 @@ impl Default for ReplayOptions {
             max_events: None,
             samples: 2000,
             progress_every: 1 << 14,
+            gpu_lag_us: 0,
         }
     }
 }
@@ -120,6 +125,9 @@ pub struct ReplayReport {
     pub free_time: OpTimes,
     /// Seconds the events took to replay, prelude and cleanup not counted.
     pub wall_seconds: f64,
+    /// With a simulated GPU lag: microseconds of trace time the program would have spent
+    /// waiting for fences (the pool's waits before growing, out-of-memory retries).
+    pub simulated_wait_us: u64,
     /// What the traced program's own allocator reserved, when the trace tells.
     pub reference: Option<Reference>,
     pub series: Vec<ReplaySample>,
@@ -147,6 +155,7 @@ pub fn replay(
             let previous = backend.current_context().map_err(setup_error)?;
             let ctx = host.create_context(0);
             host.make_current(ctx);
+            host.set_lag(ctx.id, opts.gpu_lag_us);
             _restore = RestoreContext(Some((host, previous)));
             ctx
         }
@@ -169,7 +178,11 @@ pub fn replay(
         free_ns: Vec::new(),
         counts: Counts::default(),
     };
+    let waited_before = rt.host_backend().map_or(0, |h| h.waited_us());
     let result = r.run(trace, opts, progress);
+    let simulated_wait_us = rt
+        .host_backend()
+        .map_or(0, |h| h.waited_us().saturating_sub(waited_before));
     // Streams go only once nothing can be queued on them any more.
     let cleanup = r.clean_up();
     for &s in &r.created {
@@ -212,6 +225,7 @@ pub fn replay(
         alloc_time: op_times(&mut r.alloc_ns),
         free_time: op_times(&mut r.free_ns),
         wall_seconds,
+        simulated_wait_us,
         reference: trace.reference,
         series: std::mem::take(&mut r.series),
         live_at_end,
@@ -333,7 +347,15 @@ impl Replayer<'_> {
         self.alloc_ns.reserve(events.len() / 2 + 1);
         self.free_ns.reserve(events.len() / 2 + 1);
         let start = Instant::now();
+        // Trace time for the simulated lag: `Nanos` when the trace has it, else the time of
+        // day, from the first event.
+        let micros = |ev: &TraceEvent| ev.nanos.map_or(ev.time_us, |n| n / 1000);
+        let first = events.first().map_or(0, micros);
+        let lagging_host = self.rt.host_backend().filter(|_| opts.gpu_lag_us > 0);
         for (i, ev) in events.iter().enumerate() {
+            if let Some(host) = lagging_host {
+                host.set_time(self.ctx.id, micros(ev).saturating_sub(first));
+            }
             self.event(i, ev).map_err(|m| TraceError::new(at(i), m))?;
             if (i + 1) % every == 0 {
                 self.sample(i + 1, true)

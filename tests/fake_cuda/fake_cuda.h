@@ -32,6 +32,17 @@ struct fake_cuda_counters {
     uint64_t ctx_record_event_errors; /* cuCtxRecordEvent refused (capture) */
     uint64_t stream_sync;      /* cuStreamSynchronize calls */
     uint64_t ctx_sync;         /* cuCtxSynchronize calls */
+    /* Virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, ...). The
+     * first three are what is alive now (not reset); the rest count calls. */
+    uint64_t vmm_reservations; /* address ranges reserved and not freed */
+    uint64_t vmm_handles;      /* physical allocations created and not released */
+    uint64_t vmm_mappings;     /* mappings made and not unmapped */
+    uint64_t vmm_creates;      /* successful cuMemCreate */
+    uint64_t vmm_releases;     /* successful cuMemRelease */
+    uint64_t vmm_maps;         /* successful cuMemMap */
+    uint64_t vmm_unmaps;       /* successful cuMemUnmap */
+    uint64_t vmm_set_access;   /* successful cuMemSetAccess */
+    uint64_t vmm_errors;       /* VMM calls that failed (checks or injected) */
 };
 
 /* Copies the counters to *out (out may not be NULL). */
@@ -46,6 +57,30 @@ void fake_cuda_set_event_latency(int queries);
 /* Makes the next device allocation fail with `code` (a CUresult) without allocating;
  * 0 cancels a pending injection. */
 void fake_cuda_fail_next_alloc(int code);
+
+/* VMM functions for fault injection (fake_cuda_fail_vmm). */
+enum fake_cuda_vmm_fn {
+    FAKE_VMM_GRANULARITY = 0, /* cuMemGetAllocationGranularity */
+    FAKE_VMM_RESERVE = 1,     /* cuMemAddressReserve */
+    FAKE_VMM_ADDRESS_FREE = 2, /* cuMemAddressFree */
+    FAKE_VMM_CREATE = 3,      /* cuMemCreate */
+    FAKE_VMM_RELEASE = 4,     /* cuMemRelease */
+    FAKE_VMM_MAP = 5,         /* cuMemMap */
+    FAKE_VMM_SET_ACCESS = 6,  /* cuMemSetAccess */
+    FAKE_VMM_UNMAP = 7,       /* cuMemUnmap */
+    FAKE_VMM_FUNCTIONS = 8
+};
+/* Makes calls of `fn` fail with `code` (a CUresult), doing nothing: the `nth` call from
+ * now (1: the next) and the `count - 1` calls after it. count 0 cancels. */
+void fake_cuda_fail_vmm(int fn, int nth, int count, int code);
+/* 0: devices report CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 0 and every
+ * VMM call fails with CUDA_ERROR_NOT_SUPPORTED; 1 (default; FAKE_CUDA_VMM at load). */
+void fake_cuda_set_vmm_supported(int supported);
+/* The CUmemAccess_flags that `device` has on the mapping containing `ptr` (0 none, 1 read,
+ * 3 read/write), or -1 when no mapping contains `ptr`. */
+int fake_cuda_vmm_access(unsigned long long ptr, int device);
+/* Whether `from`'s primary context has peer access to `to`'s (cuCtxEnablePeerAccess). */
+int fake_cuda_peer_access(int from, int to);
 
 #ifdef __cplusplus
 }

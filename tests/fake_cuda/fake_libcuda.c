@@ -50,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "fake_cuda.h"
@@ -171,6 +172,7 @@ static int g_event_latency;
 static int g_driver_version = FAKE_DRIVER_VERSION;
 static int g_fail_next_alloc;
 static int g_log_fd = -1;
+static int g_vmm_supported;
 
 static struct fake_ctx g_ctx[FAKE_MAX_DEVICES];
 static uint64_t g_live_bytes[FAKE_MAX_DEVICES];
@@ -193,6 +195,7 @@ static char g_graph_token;
 
 static void read_env(void)
 {
+    g_vmm_supported = 1;
     const char *s = getenv("FAKE_CUDA_DEVICES");
     if (s && *s) {
         long n = strtol(s, NULL, 10);
@@ -216,6 +219,9 @@ static void read_env(void)
         if (n > 0 && n <= FAKE_DRIVER_VERSION)
             g_driver_version = (int)n;
     }
+    s = getenv("FAKE_CUDA_VMM");
+    if (s && *s)
+        g_vmm_supported = strtol(s, NULL, 10) != 0;
     s = getenv("FAKE_CUDA_LOG");
     if (s && *s)
         g_log_fd = open(s, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -253,6 +259,10 @@ __attribute__((format(printf, 1, 2))) static void trace(const char *fmt, ...)
 }
 
 /* ---- helpers (called with g_lock held) ---------------------------------------------- */
+
+/* VMM mappings (defined with the VMM functions below). */
+static int vmm_range_ok(uintptr_t p, size_t n);
+static int vmm_lookup(uintptr_t p, struct fake_alloc *out);
 
 static CUcontext current_ctx(void)
 {
@@ -828,7 +838,10 @@ static CUresult fk_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CU
     lock();
     REQUIRE_INIT();
     CUresult rc = CUDA_SUCCESS;
+    struct fake_alloc mapped;
     struct fake_alloc *a = find_alloc_containing((uintptr_t)dptr);
+    if (!a && vmm_lookup((uintptr_t)dptr, &mapped))
+        a = &mapped; /* a VMM mapping: its own range */
     if (!current_ctx())
         rc = CUDA_ERROR_INVALID_CONTEXT;
     else if (!a || a->kind == ALLOC_HOST)
@@ -864,8 +877,9 @@ static CUresult fk_cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psi
 static int device_range_ok(CUdeviceptr p, size_t n)
 {
     struct fake_alloc *a = find_alloc_containing((uintptr_t)p);
-    return a && a->kind != ALLOC_HOST && (uintptr_t)p - a->base <= a->size - n &&
-           n <= a->size;
+    return (a && a->kind != ALLOC_HOST && (uintptr_t)p - a->base <= a->size - n &&
+            n <= a->size) ||
+           vmm_range_ok((uintptr_t)p, n);
 }
 
 static CUresult fk_cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
@@ -922,7 +936,10 @@ static CUresult fk_cuPointerGetAttribute(void *data, CUpointer_attribute attribu
     lock();
     REQUIRE_INIT();
     CUresult rc = CUDA_SUCCESS;
+    struct fake_alloc mapped;
     struct fake_alloc *a = find_alloc_containing((uintptr_t)ptr);
+    if (!a && vmm_lookup((uintptr_t)ptr, &mapped))
+        a = &mapped;
     if (!data || !a) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else {
@@ -979,6 +996,519 @@ static CUresult fk_cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
         memcpy(handle->reserved + 8, &size, sizeof size);
     }
     trace("cuIpcGetMemHandle(%#llx) -> %d", dptr, rc);
+    unlock();
+    return rc;
+}
+
+/* ---- virtual memory management ------------------------------------------------------
+ *
+ * Reservations are PROT_NONE, MAP_NORESERVE anonymous mappings of host address space;
+ * cuMemCreate makes a handle (counted against the device's budget, so cuMemGetInfo sees
+ * it) with no memory of its own; cuMemMap binds a handle to a granule-aligned range inside
+ * one reservation, still inaccessible; cuMemSetAccess records each device's access flags
+ * and makes the range readable/writable (mprotect); cuMemUnmap drops the pages
+ * (madvise DONTNEED) and makes the range inaccessible again. The contents of a handle do
+ * not follow it to another address (cupool never relies on that).
+ *
+ * Checks, like the real driver's (CUDA_ERROR_INVALID_VALUE): mapping over a mapped range
+ * or outside a reservation, unmapping a range that is not a set of whole mappings, setting
+ * access on a range not wholly mapped, freeing a reservation that still has mappings.
+ * Stricter than the driver, to catch allocator bugs: a handle is mapped at one place at a
+ * time, and releasing a mapped handle fails (the driver defers the release). */
+
+#define FAKE_VMM_GRANULE ((size_t)2 << 20)
+#define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+#define CU_MEM_ALLOCATION_TYPE_PINNED 1
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
+#define CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
+#define CUDA_ERROR_PEER_ACCESS_NOT_ENABLED 705
+
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+    int type;
+    int id;
+} CUmemLocation;
+typedef struct {
+    int type;
+    int requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    unsigned char allocFlags[8];
+} CUmemAllocationProp;
+typedef struct {
+    CUmemLocation location;
+    int flags;
+} CUmemAccessDesc;
+
+struct fake_reservation {
+    uintptr_t base;
+    size_t size;
+};
+
+struct fake_handle {
+    CUmemGenericAllocationHandle id;
+    size_t size;
+    int device;
+    int mapped;
+};
+
+struct fake_mapping {
+    uintptr_t va;
+    size_t size;
+    CUmemGenericAllocationHandle handle;
+    int device;
+    unsigned char access[FAKE_MAX_DEVICES];
+};
+
+static struct fake_reservation *g_res;
+static size_t g_res_count, g_res_cap;
+static struct fake_handle *g_handles;
+static size_t g_handle_count, g_handle_cap;
+static struct fake_mapping *g_maps;
+static size_t g_map_count, g_map_cap;
+static CUmemGenericAllocationHandle g_next_handle = 0x1000;
+static unsigned int g_peer[FAKE_MAX_DEVICES]; /* bit d: access to device d's context */
+
+static struct {
+    int nth;
+    int count;
+    int code;
+} g_vmm_fail[FAKE_VMM_FUNCTIONS];
+
+/* Grows a dynamic array to hold one more element; 0 on allocation failure. */
+static int grow(void **array, size_t *cap, size_t count, size_t elem)
+{
+    if (count < *cap)
+        return 1;
+    size_t n = *cap ? *cap * 2 : 64;
+    void *p = realloc(*array, n * elem);
+    if (!p)
+        return 0;
+    *array = p;
+    *cap = n;
+    return 1;
+}
+
+/* The injected result for a call of `fn`, or CUDA_SUCCESS. */
+static CUresult vmm_injected(int fn)
+{
+    if (fn < 0 || fn >= FAKE_VMM_FUNCTIONS || g_vmm_fail[fn].count <= 0)
+        return CUDA_SUCCESS;
+    if (g_vmm_fail[fn].nth > 1) {
+        g_vmm_fail[fn].nth--;
+        return CUDA_SUCCESS;
+    }
+    g_vmm_fail[fn].count--;
+    return g_vmm_fail[fn].code;
+}
+
+/* Common entry checks of every VMM call; CUDA_SUCCESS to go on. */
+static CUresult vmm_enter(int fn)
+{
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!current_ctx())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!g_vmm_supported)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return vmm_injected(fn);
+}
+
+static CUresult vmm_result(CUresult rc)
+{
+    if (rc != CUDA_SUCCESS)
+        g_counters.vmm_errors++;
+    return rc;
+}
+
+static struct fake_reservation *find_reservation(uintptr_t p, size_t n)
+{
+    for (size_t i = 0; i < g_res_count; i++)
+        if (p >= g_res[i].base && p - g_res[i].base < g_res[i].size &&
+            n <= g_res[i].size - (p - g_res[i].base))
+            return &g_res[i];
+    return NULL;
+}
+
+static struct fake_handle *find_handle(CUmemGenericAllocationHandle h, size_t *index)
+{
+    for (size_t i = 0; i < g_handle_count; i++)
+        if (g_handles[i].id == h) {
+            if (index)
+                *index = i;
+            return &g_handles[i];
+        }
+    return NULL;
+}
+
+static struct fake_mapping *find_mapping_containing(uintptr_t p)
+{
+    for (size_t i = 0; i < g_map_count; i++)
+        if (p >= g_maps[i].va && p - g_maps[i].va < g_maps[i].size)
+            return &g_maps[i];
+    return NULL;
+}
+
+static int overlaps_mapping(uintptr_t p, size_t n)
+{
+    for (size_t i = 0; i < g_map_count; i++)
+        if (p < g_maps[i].va + g_maps[i].size && g_maps[i].va < p + n)
+            return 1;
+    return 0;
+}
+
+/* Whether [p, p+n) is covered by mappings with no gap. */
+static int wholly_mapped(uintptr_t p, size_t n)
+{
+    while (n > 0) {
+        struct fake_mapping *m = find_mapping_containing(p);
+        if (!m)
+            return 0;
+        size_t step = m->va + m->size - p;
+        if (step >= n)
+            return 1;
+        p += step;
+        n -= step;
+    }
+    return 1;
+}
+
+/* Whether [p, p+n) is mapped and readable and writable by the current device. */
+static int vmm_range_ok(uintptr_t p, size_t n)
+{
+    struct fake_ctx *ctx = (struct fake_ctx *)current_ctx();
+    if (!ctx || n == 0)
+        return 0;
+    while (n > 0) {
+        struct fake_mapping *m = find_mapping_containing(p);
+        if (!m || m->access[ctx->device] != 3)
+            return 0;
+        size_t step = m->va + m->size - p;
+        if (step >= n)
+            return 1;
+        p += step;
+        n -= step;
+    }
+    return 1;
+}
+
+/* Describes the mapping containing p as a device allocation (range = the mapping,
+ * buffer id = the handle); 0 when none does. */
+static int vmm_lookup(uintptr_t p, struct fake_alloc *out)
+{
+    struct fake_mapping *m = find_mapping_containing(p);
+    if (!m)
+        return 0;
+    out->base = m->va;
+    out->size = m->size;
+    out->kind = ALLOC_DEVICE;
+    out->device = m->device;
+    out->buffer_id = m->handle;
+    return 1;
+}
+
+static CUresult fk_cuDeviceGetAttribute(int *value, int attribute, CUdevice dev)
+{
+    lock();
+    REQUIRE_INIT();
+    CUresult rc = CUDA_SUCCESS;
+    if (!value)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else if (dev < 0 || dev >= g_device_count)
+        rc = CUDA_ERROR_INVALID_DEVICE;
+    else if (attribute == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
+        *value = g_vmm_supported;
+    else
+        rc = CUDA_ERROR_INVALID_VALUE; /* the fake knows no other attribute */
+    trace("cuDeviceGetAttribute(%d, %d) -> %d", attribute, dev, rc);
+    unlock();
+    return rc;
+}
+
+static int valid_prop(const CUmemAllocationProp *prop)
+{
+    return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+           prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
+           prop->location.id < g_device_count &&
+           (prop->requestedHandleTypes == 0 ||
+            prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+}
+
+static CUresult fk_cuMemGetAllocationGranularity(size_t *granularity,
+                                                 const CUmemAllocationProp *prop, int option)
+{
+    lock();
+    CUresult rc = vmm_enter(FAKE_VMM_GRANULARITY);
+    if (rc == CUDA_SUCCESS) {
+        if (!granularity || !valid_prop(prop) || (option != 0 && option != 1))
+            rc = CUDA_ERROR_INVALID_VALUE;
+        else
+            *granularity = FAKE_VMM_GRANULE;
+    }
+    trace("cuMemGetAllocationGranularity(%d) -> %d", option, rc);
+    rc = vmm_result(rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                       CUdeviceptr addr, unsigned long long flags)
+{
+    lock();
+    CUresult rc = vmm_enter(FAKE_VMM_RESERVE);
+    if (rc == CUDA_SUCCESS) {
+        size_t align = alignment ? alignment : FAKE_VMM_GRANULE;
+        if (!ptr || size == 0 || size % FAKE_VMM_GRANULE || align % FAKE_VMM_GRANULE ||
+            (align & (align - 1)) || flags != 0 ||
+            !grow((void **)&g_res, &g_res_cap, g_res_count, sizeof *g_res)) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            (void)addr; /* a hint only */
+            size_t len = size + align;
+            void *p = len < size ? MAP_FAILED
+                                 : mmap(NULL, len, PROT_NONE,
+                                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (p == MAP_FAILED) {
+                rc = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                uintptr_t raw = (uintptr_t)p;
+                uintptr_t base = (raw + align - 1) / align * align;
+                if (base > raw)
+                    munmap(p, base - raw);
+                if (raw + len > base + size)
+                    munmap((void *)(base + size), raw + len - (base + size));
+                g_res[g_res_count].base = base;
+                g_res[g_res_count].size = size;
+                g_res_count++;
+                *ptr = (CUdeviceptr)base;
+            }
+        }
+    }
+    trace("cuMemAddressReserve(%zu) -> %d (%#llx)", size, rc, rc == 0 ? *ptr : 0ull);
+    rc = vmm_result(rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    lock();
+    CUresult rc = vmm_enter(FAKE_VMM_ADDRESS_FREE);
+    if (rc == CUDA_SUCCESS) {
+        size_t i = 0;
+        while (i < g_res_count && g_res[i].base != (uintptr_t)ptr)
+            i++;
+        if (i == g_res_count || g_res[i].size != size || overlaps_mapping(ptr, size)) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            munmap((void *)(uintptr_t)ptr, size);
+            g_res[i] = g_res[--g_res_count];
+        }
+    }
+    trace("cuMemAddressFree(%#llx, %zu) -> %d", ptr, size, rc);
+    rc = vmm_result(rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                               const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    lock();
+    CUresult rc = vmm_enter(FAKE_VMM_CREATE);
+    if (rc == CUDA_SUCCESS) {
+        if (!handle || size == 0 || size % FAKE_VMM_GRANULE || flags != 0 || !valid_prop(prop) ||
+            !grow((void **)&g_handles, &g_handle_cap, g_handle_count, sizeof *g_handles)) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            int dev = prop->location.id;
+            if (size > g_total_bytes || g_live_bytes[dev] > g_total_bytes - size) {
+                rc = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                struct fake_handle *h = &g_handles[g_handle_count++];
+                h->id = g_next_handle++;
+                h->size = size;
+                h->device = dev;
+                h->mapped = 0;
+                g_live_bytes[dev] += size;
+                g_counters.vmm_creates++;
+                *handle = h->id;
+            }
+        }
+    }
+    trace("cuMemCreate(%zu) -> %d (%#llx)", size, rc, rc == 0 ? *handle : 0ull);
+    rc = vmm_result(rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    lock();
+    CUresult rc = vmm_enter(FAKE_VMM_RELEASE);
+    if (rc == CUDA_SUCCESS) {
+        size_t i;
+        struct fake_handle *h = find_handle(handle, &i);
+        if (!h || h->mapped) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            g_live_bytes[h->device] -= h->size;
+            g_handles[i] = g_handles[--g_handle_count];
+            g_counters.vmm_releases++;
+        }
+    }
+    trace("cuMemRelease(%#llx) -> %d", handle, rc);
+    rc = vmm_result(rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                            CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    lock();
+    CUresult rc = vmm_enter(FAKE_VMM_MAP);
+    if (rc == CUDA_SUCCESS) {
+        struct fake_handle *h = find_handle(handle, NULL);
+        if (!h || h->mapped || offset != 0 || size != h->size || flags != 0 ||
+            ptr % FAKE_VMM_GRANULE || !find_reservation(ptr, size) ||
+            overlaps_mapping(ptr, size) ||
+            !grow((void **)&g_maps, &g_map_cap, g_map_count, sizeof *g_maps)) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            struct fake_mapping *m = &g_maps[g_map_count++];
+            memset(m, 0, sizeof *m);
+            m->va = (uintptr_t)ptr;
+            m->size = size;
+            m->handle = handle;
+            m->device = h->device;
+            h->mapped = 1;
+            g_counters.vmm_maps++;
+        }
+    }
+    trace("cuMemMap(%#llx, %zu, %#llx) -> %d", ptr, size, handle, rc);
+    rc = vmm_result(rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                                  size_t count)
+{
+    lock();
+    CUresult rc = vmm_enter(FAKE_VMM_SET_ACCESS);
+    if (rc == CUDA_SUCCESS) {
+        if (!desc || count == 0 || size == 0 || !wholly_mapped(ptr, size))
+            rc = CUDA_ERROR_INVALID_VALUE;
+        for (size_t i = 0; rc == CUDA_SUCCESS && i < count; i++) {
+            int f = desc[i].flags;
+            if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+                rc = CUDA_ERROR_INVALID_VALUE;
+            else if (desc[i].location.id < 0 || desc[i].location.id >= g_device_count)
+                rc = CUDA_ERROR_INVALID_DEVICE;
+            else if (f != 0 && f != 1 && f != 3)
+                rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        if (rc == CUDA_SUCCESS) {
+            for (size_t i = 0; i < g_map_count; i++) {
+                struct fake_mapping *m = &g_maps[i];
+                if (!(m->va < ptr + size && ptr < m->va + m->size))
+                    continue;
+                int prot = PROT_NONE;
+                for (size_t k = 0; k < count; k++)
+                    m->access[desc[k].location.id] = (unsigned char)desc[k].flags;
+                for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
+                    if (m->access[d] == 3)
+                        prot = PROT_READ | PROT_WRITE;
+                    else if (m->access[d] == 1 && prot == PROT_NONE)
+                        prot = PROT_READ;
+                }
+                mprotect((void *)m->va, m->size, prot);
+            }
+            g_counters.vmm_set_access++;
+        }
+    }
+    trace("cuMemSetAccess(%#llx, %zu, %zu) -> %d", ptr, size, count, rc);
+    rc = vmm_result(rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    lock();
+    CUresult rc = vmm_enter(FAKE_VMM_UNMAP);
+    if (rc == CUDA_SUCCESS) {
+        /* Every mapping the range touches must lie wholly inside it, and it must touch one. */
+        size_t touched = 0;
+        for (size_t i = 0; i < g_map_count; i++) {
+            struct fake_mapping *m = &g_maps[i];
+            if (!(m->va < ptr + size && ptr < m->va + m->size))
+                continue;
+            touched++;
+            if (m->va < ptr || m->va + m->size > ptr + size)
+                rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        if (size == 0 || touched == 0)
+            rc = CUDA_ERROR_INVALID_VALUE;
+        for (size_t i = 0; rc == CUDA_SUCCESS && i < g_map_count;) {
+            struct fake_mapping *m = &g_maps[i];
+            if (!(m->va < ptr + size && ptr < m->va + m->size)) {
+                i++;
+                continue;
+            }
+            madvise((void *)m->va, m->size, MADV_DONTNEED);
+            mprotect((void *)m->va, m->size, PROT_NONE);
+            struct fake_handle *h = find_handle(m->handle, NULL);
+            if (h)
+                h->mapped = 0;
+            g_maps[i] = g_maps[--g_map_count];
+            g_counters.vmm_unmaps++;
+        }
+    }
+    trace("cuMemUnmap(%#llx, %zu) -> %d", ptr, size, rc);
+    rc = vmm_result(rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+    lock();
+    REQUIRE_INIT();
+    struct fake_ctx *ctx = (struct fake_ctx *)current_ctx();
+    struct fake_ctx *p = valid_ctx(peer);
+    CUresult rc = CUDA_SUCCESS;
+    if (!ctx || !p)
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+    else if (flags != 0)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else if (p == ctx)
+        rc = CUDA_ERROR_INVALID_DEVICE;
+    else if (g_peer[ctx->device] & (1u << p->device))
+        rc = CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    else
+        g_peer[ctx->device] |= 1u << p->device;
+    trace("cuCtxEnablePeerAccess(%p) -> %d", (void *)peer, rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuCtxDisablePeerAccess(CUcontext peer)
+{
+    lock();
+    REQUIRE_INIT();
+    struct fake_ctx *ctx = (struct fake_ctx *)current_ctx();
+    struct fake_ctx *p = valid_ctx(peer);
+    CUresult rc = CUDA_SUCCESS;
+    if (!ctx || !p)
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+    else if (!(g_peer[ctx->device] & (1u << p->device)))
+        rc = CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    else
+        g_peer[ctx->device] &= ~(1u << p->device);
+    trace("cuCtxDisablePeerAccess(%p) -> %d", (void *)peer, rc);
     unlock();
     return rc;
 }
@@ -1413,6 +1943,17 @@ static const struct proc_entry g_procs[] = {
     PROC("cuStreamBeginCapture", 10010, fk_cuStreamBeginCapture_v2),
     PROC("cuStreamEndCapture", 10000, fk_cuStreamEndCapture),
     PROC("cuStreamIsCapturing", 10000, fk_cuStreamIsCapturing),
+    PROC("cuDeviceGetAttribute", 2000, fk_cuDeviceGetAttribute),
+    PROC("cuCtxEnablePeerAccess", 4000, fk_cuCtxEnablePeerAccess),
+    PROC("cuCtxDisablePeerAccess", 4000, fk_cuCtxDisablePeerAccess),
+    PROC("cuMemGetAllocationGranularity", 10020, fk_cuMemGetAllocationGranularity),
+    PROC("cuMemAddressReserve", 10020, fk_cuMemAddressReserve),
+    PROC("cuMemAddressFree", 10020, fk_cuMemAddressFree),
+    PROC("cuMemCreate", 10020, fk_cuMemCreate),
+    PROC("cuMemRelease", 10020, fk_cuMemRelease),
+    PROC("cuMemMap", 10020, fk_cuMemMap),
+    PROC("cuMemUnmap", 10020, fk_cuMemUnmap),
+    PROC("cuMemSetAccess", 10020, fk_cuMemSetAccess),
     PROC("cuEventCreate", 2000, fk_cuEventCreate),
     PROC("cuEventRecord", 2000, fk_cuEventRecord),
     PROC("cuEventQuery", 2000, fk_cuEventQuery),
@@ -1486,6 +2027,9 @@ EXPORT void fake_cuda_counters(struct fake_cuda_counters *out)
 {
     lock();
     g_counters.live_bytes = sum_live_bytes();
+    g_counters.vmm_reservations = g_res_count;
+    g_counters.vmm_handles = g_handle_count;
+    g_counters.vmm_mappings = g_map_count;
     if (out)
         *out = g_counters;
     unlock();
@@ -1496,6 +2040,9 @@ EXPORT void fake_cuda_reset_counters(void)
     lock();
     memset(&g_counters, 0, sizeof g_counters);
     g_counters.live_bytes = sum_live_bytes();
+    g_counters.vmm_reservations = g_res_count;
+    g_counters.vmm_handles = g_handle_count;
+    g_counters.vmm_mappings = g_map_count;
     unlock();
 }
 
@@ -1518,6 +2065,42 @@ EXPORT void fake_cuda_fail_next_alloc(int code)
     lock();
     g_fail_next_alloc = code;
     unlock();
+}
+
+EXPORT void fake_cuda_fail_vmm(int fn, int nth, int count, int code)
+{
+    lock();
+    if (fn >= 0 && fn < FAKE_VMM_FUNCTIONS) {
+        g_vmm_fail[fn].nth = nth < 1 ? 1 : nth;
+        g_vmm_fail[fn].count = count < 0 ? 0 : count;
+        g_vmm_fail[fn].code = code;
+    }
+    unlock();
+}
+
+EXPORT void fake_cuda_set_vmm_supported(int supported)
+{
+    lock();
+    g_vmm_supported = supported != 0;
+    unlock();
+}
+
+EXPORT int fake_cuda_vmm_access(unsigned long long ptr, int device)
+{
+    lock();
+    struct fake_mapping *m = find_mapping_containing((uintptr_t)ptr);
+    int flags = !m ? -1 : (device < 0 || device >= FAKE_MAX_DEVICES) ? 0 : m->access[device];
+    unlock();
+    return flags;
+}
+
+EXPORT int fake_cuda_peer_access(int from, int to)
+{
+    lock();
+    int on = from >= 0 && from < FAKE_MAX_DEVICES && to >= 0 && to < FAKE_MAX_DEVICES &&
+             (g_peer[from] & (1u << to)) != 0;
+    unlock();
+    return on;
 }
 
 /* ---- exported names ------------------------------------------------------------------
@@ -1579,3 +2162,14 @@ EXPORT_ALIAS(cuGetErrorName);
 EXPORT_ALIAS(cuGetErrorString);
 EXPORT_ALIAS(cuGetProcAddress);
 EXPORT_ALIAS(cuGetProcAddress_v2);
+EXPORT_ALIAS(cuDeviceGetAttribute);
+EXPORT_ALIAS(cuCtxEnablePeerAccess);
+EXPORT_ALIAS(cuCtxDisablePeerAccess);
+EXPORT_ALIAS(cuMemGetAllocationGranularity);
+EXPORT_ALIAS(cuMemAddressReserve);
+EXPORT_ALIAS(cuMemAddressFree);
+EXPORT_ALIAS(cuMemCreate);
+EXPORT_ALIAS(cuMemRelease);
+EXPORT_ALIAS(cuMemMap);
+EXPORT_ALIAS(cuMemUnmap);
+EXPORT_ALIAS(cuMemSetAccess);

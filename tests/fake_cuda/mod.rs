@@ -81,6 +81,30 @@ pub struct FakeCudaCounters {
     pub ctx_record_event_errors: u64,
     pub stream_sync: u64,
     pub ctx_sync: u64,
+    /// Alive now: reserved ranges, physical handles, mappings.
+    pub vmm_reservations: u64,
+    pub vmm_handles: u64,
+    pub vmm_mappings: u64,
+    pub vmm_creates: u64,
+    pub vmm_releases: u64,
+    pub vmm_maps: u64,
+    pub vmm_unmaps: u64,
+    pub vmm_set_access: u64,
+    pub vmm_errors: u64,
+}
+
+/// The fake's VMM functions, for [`FakeCuda::fail_vmm`] (`enum fake_cuda_vmm_fn`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum VmmFn {
+    Granularity = 0,
+    Reserve = 1,
+    AddressFree = 2,
+    Create = 3,
+    Release = 4,
+    Map = 5,
+    SetAccess = 6,
+    Unmap = 7,
 }
 
 /// The fake's control functions, as loaded in the current process.
@@ -92,6 +116,10 @@ pub struct FakeCuda {
     set_total_bytes: unsafe extern "C" fn(usize),
     set_event_latency: unsafe extern "C" fn(c_int),
     fail_next_alloc: unsafe extern "C" fn(c_int),
+    fail_vmm: unsafe extern "C" fn(c_int, c_int, c_int, c_int),
+    set_vmm_supported: unsafe extern "C" fn(c_int),
+    vmm_access: unsafe extern "C" fn(u64, c_int) -> c_int,
+    peer_access: unsafe extern "C" fn(c_int, c_int) -> c_int,
 }
 
 impl FakeCuda {
@@ -126,6 +154,12 @@ impl FakeCuda {
                 fail_next_alloc: core::mem::transmute::<*mut c_void, _>(sym(
                     c"fake_cuda_fail_next_alloc",
                 )?),
+                fail_vmm: core::mem::transmute::<*mut c_void, _>(sym(c"fake_cuda_fail_vmm")?),
+                set_vmm_supported: core::mem::transmute::<*mut c_void, _>(sym(
+                    c"fake_cuda_set_vmm_supported",
+                )?),
+                vmm_access: core::mem::transmute::<*mut c_void, _>(sym(c"fake_cuda_vmm_access")?),
+                peer_access: core::mem::transmute::<*mut c_void, _>(sym(c"fake_cuda_peer_access")?),
             })
         }
     }
@@ -161,6 +195,35 @@ impl FakeCuda {
     pub fn fail_next_alloc(&self, code: i32) {
         // SAFETY: plain value argument.
         unsafe { (self.fail_next_alloc)(code) }
+    }
+}
+
+impl FakeCuda {
+    /// Makes calls of `f` fail with CUresult `code`: the `nth` from now (1: the next) and
+    /// the `count - 1` after it; `count` 0 cancels.
+    pub fn fail_vmm(&self, f: VmmFn, nth: i32, count: i32, code: i32) {
+        // SAFETY: plain value arguments.
+        unsafe { (self.fail_vmm)(f as c_int, nth, count, code) }
+    }
+
+    /// Whether devices report virtual memory management (and VMM calls work).
+    pub fn set_vmm_supported(&self, on: bool) {
+        // SAFETY: plain value argument.
+        unsafe { (self.set_vmm_supported)(on as c_int) }
+    }
+
+    /// The access flags `device` has on the mapping containing `ptr` (0 none, 1 read, 3
+    /// read/write), `None` when nothing is mapped there.
+    pub fn vmm_access(&self, ptr: u64, device: i32) -> Option<i32> {
+        // SAFETY: plain value arguments; the fake only looks the address up.
+        let f = unsafe { (self.vmm_access)(ptr, device) };
+        (f >= 0).then_some(f)
+    }
+
+    /// Whether `from`'s context has peer access to `to`'s.
+    pub fn peer_access(&self, from: i32, to: i32) -> bool {
+        // SAFETY: plain value arguments.
+        unsafe { (self.peer_access)(from, to) != 0 }
     }
 }
 

@@ -50,6 +50,7 @@ struct driver {
     CUresult (*cuStreamCreate)(CUhandle *, unsigned);
     CUresult (*cuStreamBeginCapture_v2)(CUhandle, int);
     CUresult (*cuStreamEndCapture)(CUhandle, CUhandle *);
+    CUresult (*cuCtxEnablePeerAccess)(CUhandle, unsigned);
 };
 
 static struct driver drv;
@@ -89,6 +90,7 @@ CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
 CUresult cuStreamCreate(CUhandle *, unsigned);
 CUresult cuStreamBeginCapture_v2(CUhandle, int);
 CUresult cuStreamEndCapture(CUhandle, CUhandle *);
+CUresult cuCtxEnablePeerAccess(CUhandle, unsigned);
 
 static void load_driver(void)
 {
@@ -108,6 +110,7 @@ static void load_driver(void)
     drv.cuStreamCreate = cuStreamCreate;
     drv.cuStreamBeginCapture_v2 = cuStreamBeginCapture_v2;
     drv.cuStreamEndCapture = cuStreamEndCapture;
+    drv.cuCtxEnablePeerAccess = cuCtxEnablePeerAccess;
 }
 #elif defined(REACH_DLSYM)
 #define LOAD(name) *(void **)&drv.name = need(dlsym(libcuda, #name), #name)
@@ -129,6 +132,7 @@ static void load_driver(void)
     LOAD(cuStreamCreate);
     LOAD(cuStreamBeginCapture_v2);
     LOAD(cuStreamEndCapture);
+    LOAD(cuCtxEnablePeerAccess);
 }
 #elif defined(REACH_GPA)
 static gpa_v2_fn gpa;
@@ -166,6 +170,7 @@ static void load_driver(void)
     QUERY(cuStreamCreate, "cuStreamCreate", 2000);
     QUERY(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010);
     QUERY(cuStreamEndCapture, "cuStreamEndCapture", 10000);
+    QUERY(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000);
 }
 
 /* Which library and exported symbol a function pointer belongs to. */
@@ -431,6 +436,54 @@ static void scenario_queries_on_blocks(void)
     CHECK(drv.cuMemFree_v2(b));
 }
 
+/* Run with CUPOOL_CONF=vmm:on and FAKE_CUDA_DEVICES=2: blocks above 1 MiB come from the
+ * VMM arena. Queries answer for the block; peer access reaches blocks mapped before and
+ * after it is enabled. */
+static void scenario_vmm(void)
+{
+    int (*access)(unsigned long long, int) =
+        (int (*)(unsigned long long, int))need(dlsym(libcuda, "fake_cuda_vmm_access"),
+                                               "fake_cuda_vmm_access");
+    CUhandle ctx0 = NULL, ctx1 = NULL;
+    int dev1 = -1;
+    CHECK(drv.cuDeviceGet(&dev1, 1));
+    CHECK(drv.cuDevicePrimaryCtxRetain(&ctx1, dev1));
+    CHECK(drv.cuDevicePrimaryCtxRetain(&ctx0, 0));
+    CHECK(drv.cuCtxSetCurrent(ctx1));
+    CUdeviceptr a = 0, base = 0;
+    size_t size = 0;
+    CHECK(drv.cuMemAlloc_v2(&a, 5 * MIB + 3));
+    printf("a.mapped=%d\n", access(a, 1) == 3);
+    CHECK(drv.cuMemGetAddressRange_v2(&base, &size, a + 4 * MIB));
+    printf("range_a.base_is_a=%d\nrange_a.size=%zu\n", base == a, size);
+    CUdeviceptr start = 0;
+    size_t attr_size = 0;
+    CHECK(drv.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, a + 1));
+    CHECK(drv.cuPointerGetAttribute(&attr_size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, a + 1));
+    printf("attr_a.start_is_a=%d\nattr_a.size=%zu\n", start == a, attr_size);
+    char handle[64];
+    printf("ipc_a=%d\n", drv.cuIpcGetMemHandle(handle, a));
+    printf("a.peer_before=%d\n", access(a, 0));
+    /* Device 0 gets access to device 1's memory. */
+    CHECK(drv.cuCtxSetCurrent(ctx0));
+    printf("enable_peer=%d\n", drv.cuCtxEnablePeerAccess(ctx1, 0));
+    printf("a.peer_after=%d\n", access(a, 0) == 3 && access(a + 4 * MIB, 0) == 3);
+    CHECK(drv.cuCtxSetCurrent(ctx1));
+    CUdeviceptr b = 0;
+    CHECK(drv.cuMemAlloc_v2(&b, 24 * MIB));
+    int all = 1;
+    for (size_t off = 0; off < 24 * MIB; off += 2 * MIB)
+        all &= access(b + off, 0) == 3;
+    printf("b.peer=%d\n", all);
+    /* Freed arena memory stays mapped, and counts as free. */
+    size_t free_before = 0, free_after = 0, total = 0;
+    CHECK(drv.cuMemGetInfo_v2(&free_before, &total));
+    CHECK(drv.cuMemFree_v2(b));
+    CHECK(drv.cuMemGetInfo_v2(&free_after, &total));
+    printf("info_free_recovered=%d\n", free_after >= free_before + 24 * MIB);
+    CHECK(drv.cuMemFree_v2(a));
+}
+
 /* The child of an initialised parent never touches the parent's pool. */
 static void scenario_fork(void)
 {
@@ -515,6 +568,8 @@ int main(int argc, char **argv)
         scenario_queries_on_blocks();
     else if (!strcmp(s, "fork"))
         scenario_fork();
+    else if (!strcmp(s, "vmm"))
+        scenario_vmm();
     else if (!strcmp(s, "exit-nofree"))
         scenario_exit(0);
     else if (!strcmp(s, "exit-free-late"))

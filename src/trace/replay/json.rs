@@ -44,10 +44,11 @@ impl ReplayReport {
         );
         let _ = write!(
             o,
-            ",\"utilization\":{},\"requested_utilization\":{},\"wall_seconds\":{:.6}",
+            ",\"utilization\":{},\"requested_utilization\":{},\"wall_seconds\":{:.6},\"simulated_wait_us\":{}",
             ratio(self.utilization),
             ratio(self.requested_utilization),
-            self.wall_seconds
+            self.wall_seconds,
+            self.simulated_wait_us
         );
         match self.reference {
             Some(r) => {

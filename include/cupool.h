@@ -12,7 +12,7 @@ struct CUstream_st;
 /**
  * Version of [`CupoolStats`] this library writes. Bumped when fields are added at the end.
  */
-#define CUPOOL_STATS_VERSION 1
+#define CUPOOL_STATS_VERSION 2
 
 /**
  * Result of every `cupool_*` call. `CUPOOL_OK` is 0; every other value names one
@@ -167,6 +167,32 @@ typedef struct {
    * Frees whose stream differed from the allocation's stream (made safe by a fence).
    */
   uint64_t cross_stream_frees;
+  /**
+   * Bytes of free blocks held by the pool in segments that cannot go back to the driver
+   * because they also hold blocks in use (allocated or in a thread cache): free but not
+   * releasable. In the VMM arena: free bytes of mapped granules that a block not free
+   * in the shared index also touches. Current value only.
+   */
+  uint64_t inactive_split_bytes;
+  /**
+   * Bytes freed and waiting for a context fence the pool has not yet seen complete:
+   * blocks freed without a stream or on a foreign stream (nobody may take them yet) and
+   * blocks freed on a stream (only that stream may take them yet). Blocks in thread
+   * caches are not counted. Current value only.
+   */
+  uint64_t pending_fence_bytes;
+  /**
+   * Bytes of the VMM arena mapped to physical memory (0 with `vmm:off`).
+   */
+  cupool_stat mapped_bytes;
+  /**
+   * Segments held now (driver allocations; the VMM arena counts as one).
+   */
+  uint64_t segments;
+  /**
+   * Granules of the VMM arena mapped now.
+   */
+  uint64_t granules;
 } cupool_stats;
 
 #ifdef __cplusplus

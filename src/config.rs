@@ -130,7 +130,7 @@ pub static OPTIONS: [OptionDesc; 13] = [
         key: "vmm",
         default: "off",
         kind: ValueKind::Choice(VMM_MODES),
-        doc: "Prototype: `on` carves blocks above 1 MiB from one reserved virtual address range per device and backs only the 2 MiB granules under blocks in use (or cached and still mapped) with physical memory, moving idle granules to where they are needed (stitching); `off` uses plain segments. Read when a device's pool is created; where the backend has no virtual memory management, `on` falls back to segments.",
+        doc: "`on`: blocks above 1 MiB come from one reserved virtual address range per device, and only the 2 MiB granules under blocks in use (or cached and still mapped) are backed by physical memory (`cuMemCreate`/`cuMemMap`); idle granules move to where a block needs them (stitching), so the footprint follows the live bytes. It remaps on many misses, which costs time (docs/BENCHMARKS.md). `off`: plain segments. Read when a device's pool is created; where the device has no virtual memory management, `on` falls back to segments.",
         runtime: true,
     },
     OptionDesc {

@@ -2,7 +2,9 @@
 //! and JSON.
 //!
 //! Levels (bytes in use, reserved, ...) are `{current, peak}`; flows (allocations, hits,
-//! ...) are monotonic counts. The field list is declared once, in [`for_each_stat_field!`],
+//! ...) are monotonic counts; gauges (fragmentation figures, segment counts) are a current
+//! value only, computed when the statistics are read (Note [fragmentation stats] in the
+//! pool module), so no allocation or free pays for them. The field list is declared once, in [`for_each_stat_field!`],
 //! and both printers walk it, so text, JSON and the C struct cannot disagree.
 //!
 //! Note [cheap counters]: the allocation fast path must not touch a shared cache line, so
@@ -15,7 +17,7 @@
 //! allocates, and a lower bound within one thread's swing under concurrency.
 
 /// Version of [`CupoolStats`] this library writes. Bumped when fields are added at the end.
-pub const CUPOOL_STATS_VERSION: u32 = 1;
+pub const CUPOOL_STATS_VERSION: u32 = 2;
 
 /// A level: the value now and the highest it has been since the last peak reset.
 #[repr(C)]
@@ -67,10 +69,28 @@ pub struct CupoolStats {
     pub fences_recorded: u64,
     /// Frees whose stream differed from the allocation's stream (made safe by a fence).
     pub cross_stream_frees: u64,
+    // ---- version 2
+    /// Bytes of free blocks held by the pool in segments that cannot go back to the driver
+    /// because they also hold blocks in use (allocated or in a thread cache): free but not
+    /// releasable. In the VMM arena: free bytes of mapped granules that a block not free
+    /// in the shared index also touches. Current value only.
+    pub inactive_split_bytes: u64,
+    /// Bytes freed and waiting for a context fence the pool has not yet seen complete:
+    /// blocks freed without a stream or on a foreign stream (nobody may take them yet) and
+    /// blocks freed on a stream (only that stream may take them yet). Blocks in thread
+    /// caches are not counted. Current value only.
+    pub pending_fence_bytes: u64,
+    /// Bytes of the VMM arena mapped to physical memory (0 with `vmm:off`).
+    pub mapped_bytes: CupoolStat,
+    /// Segments held now (driver allocations; the VMM arena counts as one).
+    pub segments: u64,
+    /// Granules of the VMM arena mapped now.
+    pub granules: u64,
 }
 
 /// Calls `$m!(name, Kind)` for every field after the header, in struct order.
-/// `Kind` is `level` or `count`.
+/// `Kind` is `level` (a [`CupoolStat`]), `count` (monotonic) or `gauge` (a current value
+/// with no peak).
 #[macro_export]
 macro_rules! for_each_stat_field {
     ($m:ident) => {
@@ -88,6 +108,11 @@ macro_rules! for_each_stat_field {
         $m!(num_ooms, count);
         $m!(fences_recorded, count);
         $m!(cross_stream_frees, count);
+        $m!(inactive_split_bytes, gauge);
+        $m!(pending_fence_bytes, gauge);
+        $m!(mapped_bytes, level);
+        $m!(segments, gauge);
+        $m!(granules, gauge);
     };
 }
 
@@ -108,7 +133,7 @@ impl CupoolStats {
                 self.$f.current += other.$f.current;
                 self.$f.peak += other.$f.peak;
             };
-            ($f:ident, count) => {
+            ($f:ident, $kind:ident) => {
                 self.$f += other.$f;
             };
         }
@@ -118,7 +143,7 @@ impl CupoolStats {
     /// JSON object with one key per field; levels are `{"current":..,"peak":..}`.
     pub fn to_json(&self) -> String {
         use core::fmt::Write;
-        let mut out = String::with_capacity(640);
+        let mut out = String::with_capacity(896);
         out.push('{');
         let mut first = true;
         macro_rules! field {
@@ -135,7 +160,7 @@ impl CupoolStats {
                     self.$f.peak
                 );
             };
-            ($f:ident, count) => {
+            ($f:ident, $kind:ident) => {
                 if !first {
                     out.push(',');
                 }
@@ -152,7 +177,7 @@ impl CupoolStats {
     /// Human-readable table, one field per line.
     pub fn to_text(&self) -> String {
         use core::fmt::Write;
-        let mut out = String::with_capacity(1024);
+        let mut out = String::with_capacity(1536);
         macro_rules! field {
             ($f:ident, level) => {
                 let _ = writeln!(
@@ -165,6 +190,9 @@ impl CupoolStats {
             };
             ($f:ident, count) => {
                 let _ = writeln!(out, "{:<20} {:>24}", stringify!($f), self.$f);
+            };
+            ($f:ident, gauge) => {
+                let _ = writeln!(out, "{:<20} current {:>16}", stringify!($f), self.$f);
             };
         }
         for_each_stat_field!(field);

@@ -291,3 +291,40 @@ fn the_limit_holds_and_stitching_serves_requests_under_it() {
     assert_eq!((c.vmm_mappings, c.vmm_handles, c.vmm_ranges), (0, 0, 0));
     assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);
 }
+
+#[test]
+fn stats_report_the_arena_mapping() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    let a = rt.alloc(3 * MIB as usize).unwrap();
+    let pool = rt.context_pool(ctx).unwrap();
+    let v = pool.vmm_stats();
+    assert!(v.enabled && v.mapped_bytes > 0);
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.mapped_bytes.current, v.mapped_bytes);
+    assert_eq!(s.granules, v.mapped_bytes / G);
+    assert_eq!(s.segments, 1, "the arena counts as one segment");
+    assert_eq!(
+        s.inactive_split_bytes,
+        v.mapped_bytes - s.allocated_bytes.current,
+        "the free part of the granule the block ends in is not releasable"
+    );
+    let b = rt.alloc(9 * MIB as usize).unwrap();
+    let peak = pool.vmm_stats().mapped_bytes;
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.mapped_bytes.current, peak);
+    assert_eq!(s.mapped_bytes.peak, peak);
+    assert_eq!(s.granules, peak / G);
+    rt.free(a).unwrap();
+    rt.free(b).unwrap();
+    empty_and_check_nothing_left(rt, host, ctx);
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!((s.mapped_bytes.current, s.granules, s.segments), (0, 0, 0));
+    assert_eq!(
+        s.mapped_bytes.peak, peak,
+        "the peak outlives the released arena"
+    );
+    pool.reset_peaks();
+    assert_eq!(rt.context_stats(ctx).unwrap().mapped_bytes.peak, 0);
+    cupool::config::set("vmm", "off").unwrap();
+}

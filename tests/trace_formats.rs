@@ -83,16 +83,7 @@ fn cupool_trace_of(pairs: u64) -> Trace {
             events.push(oom);
         }
     }
-    let positions = (0..events.len() as u64)
-        .map(|i| Position::Line(i + 2))
-        .collect();
-    Trace {
-        format: Format::RmmCsv,
-        events,
-        positions,
-        prelude: Vec::new(),
-        reference: None,
-    }
+    Trace::from_events(events, Vec::new())
 }
 
 #[test]

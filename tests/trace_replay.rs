@@ -4,7 +4,7 @@
 
 use cupool::runtime::{runtime, Runtime};
 use cupool::trace::replay::{replay, ReplayOptions, ReplayReport};
-use cupool::trace::{Action, Format, Position, Trace, TraceError, TraceEvent};
+use cupool::trace::{Action, Position, Trace, TraceError, TraceEvent};
 
 const SMALL_SEGMENT: u64 = 2 << 20;
 const S1: u64 = 0x7f00_1000;
@@ -30,16 +30,7 @@ fn streamless(mut ev: TraceEvent) -> TraceEvent {
 
 /// A trace whose event `i` came from CSV line `i + 2` (the header is line 1).
 fn trace(events: Vec<TraceEvent>) -> Trace {
-    let positions = (0..events.len() as u64)
-        .map(|i| Position::Line(i + 2))
-        .collect();
-    Trace {
-        format: Format::RmmCsv,
-        events,
-        positions,
-        prelude: Vec::new(),
-        reference: None,
-    }
+    Trace::from_events(events, Vec::new())
 }
 
 fn run(t: &Trace) -> Result<ReplayReport, TraceError> {

@@ -103,6 +103,21 @@ impl BlockData {
         segment_head: false,
         segment_size: 0,
     };
+
+    /// The record of a new segment (a driver allocation, or the VMM arena) of `size` bytes
+    /// at `ptr`, one block covering all of it, in `place`.
+    pub fn segment_head(ptr: u64, size: u64, pool: u16, kind: SegmentKind, place: Place) -> Self {
+        BlockData {
+            ptr,
+            size,
+            pool,
+            kind,
+            place,
+            segment_head: true,
+            segment_size: size,
+            ..Self::EMPTY
+        }
+    }
 }
 
 /// Aligned to 128 bytes (a pair of cache lines, what the adjacent-line prefetcher moves

@@ -39,7 +39,7 @@ use crate::config::{self, Key};
 use crate::stats::{CupoolStat, CupoolStats};
 use crate::status::{CupoolStatus, Result};
 use address_map::AddressMap;
-use block::{BlockIdx, BlockTable, Place, SegmentKind, NIL};
+use block::{BlockData, BlockIdx, BlockTable, Place, SegmentKind, NIL};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use counters::{Level, ThreadCounters};
 use fifo::Fifo;
@@ -214,6 +214,9 @@ struct Shared {
     slow: SlowCounts,
     /// The VMM arena, while one is reserved (Note [vmm arena]).
     arena: Option<vmm::Arena>,
+    /// Most bytes the arenas released since the last peak reset had mapped at once (the
+    /// live arena keeps its own peak).
+    mapped_peak: u64,
 }
 
 impl Shared {
@@ -325,6 +328,7 @@ impl DevicePool {
                 segments: BTreeMap::new(),
                 slow: SlowCounts::default(),
                 arena: None,
+                mapped_peak: 0,
             }),
             events: std::sync::Mutex::new(()),
             limit: AtomicU64::new(LIMIT_FROM_CONFIG),
@@ -885,20 +889,9 @@ impl DevicePool {
         let mut sh = self.shared.lock();
         // SAFETY: the record is new and ours; pool lock held.
         unsafe {
-            let d = BLOCKS.get(idx).data();
-            d.ptr = ptr;
-            d.size = seg_size;
-            d.requested = 0;
-            d.stream = 0;
-            d.free_epoch = 0;
-            d.seg_prev = NIL;
-            d.seg_next = NIL;
-            d.pool = self.index;
-            d.kind = kind;
             // About to be handed out: a remainder split off below must not merge into it.
-            d.place = Place::Allocated;
-            d.segment_head = true;
-            d.segment_size = seg_size;
+            *BLOCKS.get(idx).data() =
+                BlockData::segment_head(ptr, seg_size, self.index, kind, Place::Allocated);
             BLOCKS.get(idx).publish_free(ptr);
             ADDRESSES.set(ptr, idx);
             sh.segments.insert(ptr, idx);
@@ -1352,9 +1345,11 @@ impl DevicePool {
 
     /// This pool's statistics.
     pub fn stats(&self) -> CupoolStats {
-        let (reserved, reserved_peak, slow) = {
+        let (reserved, reserved_peak, slow, frag) = {
             let sh = self.shared.lock();
-            (sh.reserved, sh.reserved_peak, sh.slow)
+            // SAFETY: pool lock held.
+            let frag = unsafe { Self::fragmentation(&sh) };
+            (sh.reserved, sh.reserved_peak, sh.slow, frag)
         };
         let sums = thread_cache::sum_pool(self.index);
         let level = |l: Level| -> CupoolStat {
@@ -1382,7 +1377,89 @@ impl DevicePool {
         s.num_ooms = slow.ooms;
         s.fences_recorded = slow.fences;
         s.cross_stream_frees = slow.cross_stream;
+        s.inactive_split_bytes = frag.inactive_split;
+        s.pending_fence_bytes = frag.pending_fence;
+        s.mapped_bytes = frag.mapped;
+        s.segments = frag.segments;
+        s.granules = frag.granules;
         s
+    }
+
+    /// The figures [`DevicePool::stats`] computes under the pool lock.
+    ///
+    /// Note [fragmentation stats]: `inactive_split_bytes`, `pending_fence_bytes`,
+    /// `segments`, `granules` and the mapped bytes are derived from the pool's lists when
+    /// the statistics are read, not kept as counters, so allocations and frees pay nothing
+    /// for them; the price is a walk of the free blocks the pool holds (not of the blocks
+    /// in use) under the pool lock, in every stats call. Only the pool's own free blocks are
+    /// read: a block in use or in a thread cache belongs to another thread (Note in
+    /// `block.rs`), so a segment's free bytes are summed from the indexes and lists, and a
+    /// segment whose free bytes fall short of its size holds blocks in use. Peaks are kept
+    /// only for the mapped bytes (mapping is a slow path); the other two would need a
+    /// check on every free.
+    ///
+    /// # Safety
+    /// Pool lock held (`sh` is the locked state).
+    unsafe fn fragmentation(sh: &Shared) -> Fragmentation {
+        let mut free_of_segment: HashMap<u64, u64> = HashMap::new();
+        let mut arena_inactive = 0u64;
+        let arena = sh.arena.as_ref();
+        let mut count = |idx: BlockIdx, shared: bool| {
+            let d = BLOCKS.get(idx).data();
+            match arena.filter(|a| a.contains(d.ptr)) {
+                // Blocks outside the shared index pin (and keep mapped) all their granules.
+                Some(a) => {
+                    arena_inactive += if shared {
+                        a.pinned_ends(d.ptr, d.size)
+                    } else {
+                        d.size
+                    }
+                }
+                None => {
+                    if let Some((&base, _)) = sh.segments.range(..=d.ptr).next_back() {
+                        *free_of_segment.entry(base).or_insert(0) += d.size;
+                    }
+                }
+            }
+        };
+        for idx in sh
+            .small
+            .collect(&BLOCKS)
+            .into_iter()
+            .chain(sh.large.collect(&BLOCKS))
+        {
+            count(idx, true);
+        }
+        let fifos = sh.streams.iter().map(|st| &st.age).chain([&sh.fence_queue]);
+        for fifo in fifos.clone() {
+            let mut idx = fifo.front().unwrap_or(NIL);
+            while idx != NIL {
+                count(idx, false);
+                idx = BLOCKS.get(idx).data().fifo_next;
+            }
+        }
+        let inactive_split = free_of_segment
+            .iter()
+            .filter(|&(base, &free)| {
+                let head = sh.segments[base];
+                free < BLOCKS.get(head).data().segment_size
+            })
+            .map(|(_, &free)| free)
+            .sum::<u64>()
+            + arena_inactive;
+        let (mapped_now, arena_peak, granules) = arena.map_or((0, 0, 0), |a| {
+            (a.mapped * a.granule, a.mapped_peak * a.granule, a.mapped)
+        });
+        Fragmentation {
+            inactive_split,
+            pending_fence: fifos.map(|f| f.bytes).sum(),
+            mapped: CupoolStat {
+                current: mapped_now,
+                peak: sh.mapped_peak.max(arena_peak).max(mapped_now),
+            },
+            segments: sh.segments.len() as u64,
+            granules,
+        }
     }
 
     /// Restarts every peak from the current value.
@@ -1394,6 +1471,10 @@ impl DevicePool {
         self.peak_epoch.fetch_add(1, Ordering::Relaxed);
         let mut sh = self.shared.lock();
         sh.reserved_peak = sh.reserved;
+        sh.mapped_peak = 0;
+        if let Some(a) = sh.arena.as_mut() {
+            a.mapped_peak = a.mapped;
+        }
     }
 
     /// Checks the pool's internal invariants (tests): every segment's blocks tile it
@@ -1500,6 +1581,15 @@ pub struct Containing {
     pub block_ptr: u64,
     pub segment_base: u64,
     pub segment_size: u64,
+}
+
+/// The statistics [`DevicePool::fragmentation`] derives from the pool's lists.
+struct Fragmentation {
+    inactive_split: u64,
+    pending_fence: u64,
+    mapped: CupoolStat,
+    segments: u64,
+    granules: u64,
 }
 
 /// Bytes by place, from [`DevicePool::check_invariants`].

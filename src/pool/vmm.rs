@@ -26,7 +26,7 @@
 //! Mapping and unmapping happen with the pool's `events` mutex held (the lock held across
 //! backend calls), never the spin lock, and never while a capture is active.
 
-use super::block::{BlockIdx, Place, SegmentKind, NIL};
+use super::block::{BlockData, BlockIdx, Place, SegmentKind};
 use super::counters::{Level, ThreadCounters};
 use super::size_class::ALIGNMENT;
 use super::{address_map, DevicePool, Request, ADDRESSES, BACKEND_OFF, BLOCKS};
@@ -55,6 +55,8 @@ pub struct Arena {
     pub idle: Vec<u64>,
     /// Granules mapped now.
     pub mapped: u64,
+    /// Most granules mapped at once since the arena was reserved or the peaks were reset.
+    pub mapped_peak: u64,
     /// Counters: granule maps and unmaps done for this arena.
     pub maps: u64,
     pub unmaps: u64,
@@ -72,6 +74,7 @@ impl Arena {
             stealable: BTreeSet::new(),
             idle: Vec::new(),
             mapped: 0,
+            mapped_peak: 0,
             maps: 0,
             unmaps: 0,
         }
@@ -180,9 +183,31 @@ impl Arena {
         debug_assert_eq!(self.handles[g], 0);
         self.handles[g] = handle;
         self.mapped += 1;
+        self.mapped_peak = self.mapped_peak.max(self.mapped);
         if self.pins[g] == 0 {
             self.stealable.insert(g as u32);
         }
+    }
+
+    /// Bytes of the free shared block `[ptr, ptr + size)` that lie in pinned granules (mapped,
+    /// and not releasable while a block outside the shared index touches them). Only its
+    /// end granules can be pinned: a granule wholly inside one free shared block has no pin.
+    pub fn pinned_ends(&self, ptr: u64, size: u64) -> u64 {
+        let r = self.granules(ptr, size);
+        let (first, last) = (*r.start(), *r.end());
+        let overlap = |g: usize| {
+            let start = self.address(g).max(ptr);
+            let end = (self.address(g) + self.granule).min(ptr + size);
+            end - start
+        };
+        let mut bytes = 0;
+        if self.pins[first] > 0 {
+            bytes += overlap(first);
+        }
+        if last != first && self.pins[last] > 0 {
+            bytes += overlap(last);
+        }
+        bytes
     }
 
     /// Checks pins against what the blocks imply (`expected`, one count per granule), and
@@ -280,19 +305,13 @@ impl DevicePool {
         let mut sh = self.shared.lock();
         // SAFETY: the record is new and ours; pool lock held.
         unsafe {
-            let d = BLOCKS.get(idx).data();
-            d.ptr = base;
-            d.size = size;
-            d.requested = 0;
-            d.stream = 0;
-            d.free_epoch = 0;
-            d.seg_prev = NIL;
-            d.seg_next = NIL;
-            d.pool = self.index;
-            d.kind = SegmentKind::Large;
-            d.place = Place::FreeShared;
-            d.segment_head = true;
-            d.segment_size = size;
+            *BLOCKS.get(idx).data() = BlockData::segment_head(
+                base,
+                size,
+                self.index,
+                SegmentKind::Large,
+                Place::FreeShared,
+            );
             BLOCKS.get(idx).publish_free(base);
             ADDRESSES.set(base, idx);
             sh.segments.insert(base, idx);
@@ -514,6 +533,7 @@ impl DevicePool {
                         BLOCKS.release(idx);
                         sh.segments.remove(&base);
                         let a = sh.arena.take().unwrap();
+                        sh.mapped_peak = sh.mapped_peak.max(a.mapped_peak * a.granule);
                         crate::log::info(&format!(
                             "cupool: device {}: VMM arena released ({} granule maps, {} unmaps)",
                             self.ctx.device, a.maps, a.unmaps

@@ -248,19 +248,10 @@ pub fn check_consistency(trace: &Trace) -> Result<(), TraceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{Format, TraceEvent};
+    use crate::trace::TraceEvent;
 
     fn trace(events: Vec<TraceEvent>, prelude: Vec<(u64, u64, u64)>) -> Trace {
-        let positions = (0..events.len() as u64)
-            .map(|i| Position::Line(i + 2))
-            .collect();
-        Trace {
-            format: Format::RmmCsv,
-            events,
-            positions,
-            prelude,
-            reference: None,
-        }
+        Trace::from_events(events, prelude)
     }
 
     fn ev(action: Action, ptr: u64) -> TraceEvent {

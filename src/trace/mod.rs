@@ -213,3 +213,20 @@ pub struct Trace {
     pub prelude: Vec<(u64, u64, u64)>,
     pub reference: Option<Reference>,
 }
+
+impl Trace {
+    /// A trace built in code, as if read from cupool's CSV: event `i` at line `i + 2` (the
+    /// header is line 1), with `prelude` blocks alive before it.
+    pub fn from_events(events: Vec<TraceEvent>, prelude: Vec<(u64, u64, u64)>) -> Trace {
+        let positions = (0..events.len() as u64)
+            .map(|i| Position::Line(i + 2))
+            .collect();
+        Trace {
+            format: Format::RmmCsv,
+            events,
+            positions,
+            prelude,
+            reference: None,
+        }
+    }
+}

@@ -2,6 +2,7 @@
 #include "check.h"
 
 #include <ctype.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* ---- a minimal JSON validator (objects, numbers, strings; what the stats use and more) */
@@ -70,6 +71,8 @@ static void expect_json_matches(const char *json, const cupool_stats *s) {
     COUNT(num_allocs) COUNT(num_frees) COUNT(cache_hits) COUNT(cache_misses)
     COUNT(device_allocs) COUNT(device_frees) COUNT(alloc_retries) COUNT(num_ooms)
     COUNT(fences_recorded) COUNT(cross_stream_frees)
+    COUNT(inactive_split_bytes) COUNT(pending_fence_bytes) LEVEL(mapped_bytes)
+    COUNT(segments) COUNT(granules)
 #undef LEVEL
 #undef COUNT
 }
@@ -117,6 +120,13 @@ int main(void) {
     EXPECT(s.reserved_bytes.current >= s.allocated_bytes.current);
     check_invariants(&s);
     const uint64_t size_a = s.allocated_bytes.current;
+    /* Version 2: one small segment, the rest of it free but not releasable; no VMM. */
+    EXPECT_EQ_U64(s.segments, 1);
+    EXPECT_EQ_U64(s.inactive_split_bytes, s.reserved_bytes.current - size_a);
+    EXPECT_EQ_U64(s.pending_fence_bytes, 0);
+    EXPECT_EQ_U64(s.mapped_bytes.current, 0);
+    EXPECT_EQ_U64(s.mapped_bytes.peak, 0);
+    EXPECT_EQ_U64(s.granules, 0);
 
     /* 2. A second small block fits in the same segment: a hit, no driver call. */
     EXPECT_OK(cupool_alloc_async(&b, 3000, s1));
@@ -148,6 +158,7 @@ int main(void) {
     EXPECT_OK(cupool_free_async(b, s2)); /* b was allocated on s1 */
     s = read_stats();
     EXPECT_EQ_U64(s.cross_stream_frees, 1);
+    EXPECT(s.pending_fence_bytes >= 3072); /* b waits for a fence (no miss polled since) */
     EXPECT_EQ_U64(s.num_allocs, 4);
     EXPECT_EQ_U64(s.num_frees, 2);
     EXPECT_EQ_U64(s.requested_bytes.current, 1000 + (5u << 20));
@@ -186,6 +197,19 @@ int main(void) {
     EXPECT_EQ_U64(partial->size, 24);
     EXPECT_EQ_U64(partial->allocated_bytes.current, s.allocated_bytes.current);
     for (size_t i = 24; i < sizeof raw; i++) EXPECT(raw[i] == 0xAB);
+    /* A struct as version 1 of the header declared it (it ended at cross_stream_frees):
+       filled up to there, nothing written past it. */
+    const size_t v1_size = offsetof(cupool_stats, inactive_split_bytes);
+    EXPECT_EQ_U64(v1_size, 8 + 4 * sizeof(cupool_stat) + 10 * sizeof(uint64_t));
+    memset(raw, 0xAB, sizeof raw);
+    partial->size = (uint32_t)v1_size;
+    partial->version = 1;
+    EXPECT_OK(cupool_get_stats(-1, partial));
+    EXPECT_EQ_U64(partial->size, v1_size);
+    EXPECT_EQ_U64(partial->version, 1);
+    EXPECT_EQ_U64(partial->num_allocs, 4);
+    EXPECT_EQ_U64(partial->cross_stream_frees, 1);
+    for (size_t i = v1_size; i < sizeof raw; i++) EXPECT(raw[i] == 0xAB);
     /* A larger buffer: the library writes its own size and says so. */
     memset(raw, 0xAB, sizeof raw);
     partial->size = sizeof raw;

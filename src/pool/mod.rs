@@ -457,7 +457,12 @@ impl DevicePool {
         if req.kind == SegmentKind::Large && self.vmm.load(Ordering::Relaxed) {
             self.ensure_arena();
         }
-        if let Some(ptr) = self.try_fit(c, req) {
+        // Note [remap last]: in the VMM arena a large request always "fits" its unmapped
+        // tail, so a first fit that needs granules mapped would remap (tens of µs per
+        // granule on a GPU) while frees waiting for a fence could serve it as they are.
+        // Fits that need no mapping come first: before and after a fence pass, after this
+        // thread's cache is flushed and after waiting for fences; mapping comes last.
+        if let Some(ptr) = self.try_fit(c, req, false) {
             return Ok(ptr);
         }
         if self.may_order() {
@@ -471,7 +476,7 @@ impl DevicePool {
             }
             let moved = self.advance(Advance::Poll);
             let fitted = if moved > 0 {
-                self.try_fit(c, req)
+                self.try_fit(c, req, false)
             } else {
                 None
             };
@@ -487,10 +492,13 @@ impl DevicePool {
             // Note [vmm arena]: the flushed blocks' granules can be stolen once fenced.
             self.advance(Advance::Poll);
         }
-        if let Some(ptr) = self.try_fit(c, req) {
+        if let Some(ptr) = self.try_fit(c, req, false) {
             return Ok(ptr);
         }
         if let Some(ptr) = self.wait_before_growing(c, req) {
+            return Ok(ptr);
+        }
+        if let Some(ptr) = self.try_fit(c, req, true) {
             return Ok(ptr);
         }
         self.shared.lock().slow.misses += 1;
@@ -510,7 +518,7 @@ impl DevicePool {
         thread_cache::request_flush_all();
         if self.may_order() {
             self.advance(Advance::Wait);
-            if let Some(ptr) = self.try_fit(c, req) {
+            if let Some(ptr) = self.try_fit(c, req, true) {
                 return Ok(ptr);
             }
             self.release_idle_segments(c);
@@ -550,7 +558,7 @@ impl DevicePool {
         if moved == 0 {
             return None;
         }
-        self.try_fit(c, req)
+        self.try_fit(c, req, false)
     }
 
     /// Whether this miss should grow a second copy of a large block instead of fencing the
@@ -591,8 +599,9 @@ impl DevicePool {
     }
 
     /// Takes a fitting free block the caller may use, from its stream's own frees first,
-    /// then from the shared index.
-    fn try_fit(&self, c: &ThreadCounters, req: Request) -> Option<u64> {
+    /// then from the shared index. With `remap` false, a block of the VMM arena that is not
+    /// wholly mapped is left where it is (Note [remap last]).
+    fn try_fit(&self, c: &ThreadCounters, req: Request, remap: bool) -> Option<u64> {
         let Request { size, kind, .. } = req;
         let mut sh = self.shared.lock();
         // SAFETY: pool lock held for every record touched below.
@@ -626,6 +635,10 @@ impl DevicePool {
                 }
             }
             let (idx, mapped) = self.take_shared(&mut sh, req)?;
+            if !mapped && !remap {
+                self.insert_shared(&mut sh, idx);
+                return None;
+            }
             drop(sh);
             if !mapped {
                 return self.map_or_put_back(c, idx, req, false).ok();

@@ -372,18 +372,15 @@ impl DevicePool {
             let g = a.granule;
             let need = n - from_idle;
             let stealable = a.stealable_count();
-            // Note [vmm slack]: a few mapped free granules are kept rather than stolen, so
-            // that blocks freed and soon reused at other sizes need no remap.
-            let spare =
-                stealable.saturating_sub(a.mapped.checked_shr(slack_shift()).unwrap_or(0) as usize);
+            // Every stealable granule is taken before new memory is created: keeping some
+            // back for reuse did not pay (docs/BENCHMARKS.md, rejected attempts); Note
+            // [remap last] in the pool module is what keeps remaps down.
             let limit = self.limit();
             let fits = |create: usize| limit == 0 || reserved + create as u64 * g <= limit;
-            let (from_steal, create_n) = if need <= spare {
+            let (from_steal, create_n) = if need <= stealable {
                 (need, 0)
-            } else if may_create && fits(need - spare) {
-                (spare, need - spare)
-            } else if may_create && fits(need.saturating_sub(stealable)) {
-                (need.min(stealable), need.saturating_sub(stealable))
+            } else if may_create && fits(need - stealable) {
+                (stealable, need - stealable)
             } else {
                 return Err(CupoolStatus::CupoolErrorOutOfMemory);
             };
@@ -597,24 +594,6 @@ impl DevicePool {
         }
         s
     }
-}
-
-/// Note [vmm slack]: stealing every free mapped granule keeps the footprint at the live
-/// bytes but remaps often when sizes shift (each steal is an unmap and a map, tens of µs on
-/// a GPU). Keeping `mapped >> shift` stealable granules unstolen (creating memory instead,
-/// within the limit) trades footprint for remaps. Measured on the synthetic corpus
-/// (host replay, granule maps / utilization): no slack 44,960 / 98.2% on
-/// many_large_sizes, 1/32: 32,648 / 95.1%, 1/8: 13,367 / 86.0%. Off by default;
-/// `CUPOOL_VMM_SLACK_SHIFT=5` turns on 1/32 (a prototype's measuring knob, not an option).
-fn slack_shift() -> u32 {
-    static SHIFT: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *SHIFT.get_or_init(|| {
-        std::env::var("CUPOOL_VMM_SLACK_SHIFT")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(64)
-            .min(64)
-    })
 }
 
 /// VMM figures of one pool ([`super::DevicePool::vmm_stats`]).

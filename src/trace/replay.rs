@@ -125,6 +125,10 @@ pub struct ReplayReport {
     pub free_time: OpTimes,
     /// Seconds the events took to replay, prelude and cleanup not counted.
     pub wall_seconds: f64,
+    /// VMM granules mapped and unmapped during the trace (`vmm:on`; each is a driver call
+    /// of tens of µs on a GPU).
+    pub granule_maps: u64,
+    pub granule_unmaps: u64,
     /// With a simulated GPU lag: microseconds of trace time the program would have spent
     /// waiting for fences (the pool's waits before growing, out-of-memory retries).
     pub simulated_wait_us: u64,
@@ -180,6 +184,11 @@ pub fn replay(
     };
     let waited_before = rt.host_backend().map_or(0, |h| h.waited_us());
     let result = r.run(trace, opts, progress);
+    // Before the cleanup's empty_cache releases the arena with its counters.
+    let vmm = rt
+        .context_pool(ctx)
+        .map(|p| p.vmm_stats())
+        .unwrap_or_default();
     let simulated_wait_us = rt
         .host_backend()
         .map_or(0, |h| h.waited_us().saturating_sub(waited_before));
@@ -226,6 +235,8 @@ pub fn replay(
         free_time: op_times(&mut r.free_ns),
         wall_seconds,
         simulated_wait_us,
+        granule_maps: vmm.maps,
+        granule_unmaps: vmm.unmaps,
         reference: trace.reference,
         series: std::mem::take(&mut r.series),
         live_at_end,

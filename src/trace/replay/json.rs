@@ -44,11 +44,13 @@ impl ReplayReport {
         );
         let _ = write!(
             o,
-            ",\"utilization\":{},\"requested_utilization\":{},\"wall_seconds\":{:.6},\"simulated_wait_us\":{}",
+            ",\"utilization\":{},\"requested_utilization\":{},\"wall_seconds\":{:.6},\"simulated_wait_us\":{},\"granule_maps\":{},\"granule_unmaps\":{}",
             ratio(self.utilization),
             ratio(self.requested_utilization),
             self.wall_seconds,
-            self.simulated_wait_us
+            self.simulated_wait_us,
+            self.granule_maps,
+            self.granule_unmaps
         );
         match self.reference {
             Some(r) => {

@@ -437,6 +437,27 @@ fn cupool_rows_are_put_in_the_programs_order_by_nanos() {
 }
 
 #[test]
+fn a_thread_whose_nanos_step_back_keeps_its_own_order() {
+    // The recorder's tick rate is measured again at every write, and a thread may move to
+    // a CPU whose counter is a little behind: thread 1's free reads 900 after its
+    // allocation's 1000. Its order in the file is its call order, and sorting keeps it.
+    let header = format!("{},{}\n", rmm_csv::RMM_HEADER, rmm_csv::CUPOOL_COLUMNS);
+    let text = format!(
+        "{header}\
+         1,10:00:00.000010,allocate,0x100,8,0x0,0,,1,16,ok,1000\n\
+         1,10:00:00.000009,free,0x100,8,0x0,0,,1,16,ok,900\n\
+         2,10:00:00.000009,allocate,0x200,8,0x0,0,,1,16,ok,950\n"
+    );
+    let trace = rmm_csv::read(text.as_bytes()).unwrap();
+    assert_eq!(
+        trace.positions,
+        [4, 2, 3].map(Position::Line).to_vec(),
+        "thread 2's earlier row first; thread 1's allocation before its free"
+    );
+    check_consistency(&trace).unwrap();
+}
+
+#[test]
 fn driver_events_give_what_the_pool_reserved() {
     use cupool::trace::io::read_driver_reference;
     use cupool::trace::rmm_csv::DriverRow;

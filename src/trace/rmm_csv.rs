@@ -340,12 +340,22 @@ fn order_by_nanos(trace: &mut Trace) {
     if in_order || trace.events.iter().any(|ev| ev.nanos.is_none()) {
         return;
     }
-    let mut rows: Vec<(TraceEvent, Position)> = std::mem::take(&mut trace.events)
+    // Each thread's rows are in that thread's call order in the file, but their `Nanos`
+    // may step back a little: the recorder converts clock ticks at a rate measured again
+    // at every write, and a thread may move to a CPU whose counter is slightly behind.
+    // Sorting on the running maximum per thread keeps every thread's own order.
+    let mut newest: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    let mut rows: Vec<(u64, TraceEvent, Position)> = std::mem::take(&mut trace.events)
         .into_iter()
         .zip(std::mem::take(&mut trace.positions))
+        .map(|(ev, pos)| {
+            let last = newest.entry(ev.thread).or_insert(0);
+            *last = (*last).max(ev.nanos.unwrap_or(0));
+            (*last, ev, pos)
+        })
         .collect();
-    rows.sort_by_key(|(ev, _)| ev.nanos);
-    (trace.events, trace.positions) = rows.into_iter().unzip();
+    rows.sort_by_key(|(key, _, _)| *key);
+    (trace.events, trace.positions) = rows.into_iter().map(|(_, ev, pos)| (ev, pos)).unzip();
 }
 
 fn csv_reader<R: std::io::Read>(r: R) -> csv::Reader<R> {

@@ -30,7 +30,8 @@
 //! `segments` (growing, splitting, merging, lookup by address), `frees`, `fences` (context
 //! fences, Note [wait before growing], Note [lone fences]), `release`, `pool_stats` (Note
 //! [fragmentation stats]), `invariants`, and [`vmm`] (the VMM arena) each add their part
-//! of `DevicePool`'s methods.
+//! of `DevicePool`'s methods; [`handover`] hands blocks to the program and takes them back
+//! outside the pool lock (thread-cache hits and frees), so the runtime writes no record.
 
 pub mod address_map;
 mod alloc;
@@ -40,6 +41,7 @@ mod fences;
 pub mod fifo;
 pub mod free_index;
 mod frees;
+pub mod handover;
 mod invariants;
 mod pool_stats;
 mod release;

@@ -6,7 +6,7 @@
 use crate::backend::host::HostBackend;
 use crate::backend::{Backend, ContextId, ContextInfo, DevicePtr, StreamHandle};
 use crate::config::{self, Key};
-use crate::pool::block::{Place, TakeBack};
+use crate::pool::handover::{self, Taken};
 use crate::pool::size_class::{round_size, MAX_SIZE};
 use crate::pool::thread_cache::{self, with_thread};
 use crate::pool::{self, DevicePool, StreamRef, ADDRESSES, BACKEND_OFF, BLOCKS, STREAMLESS};
@@ -221,17 +221,6 @@ struct Freed {
     stream_id: u64,
 }
 
-/// The size in the pool of the block the program holds at `ptr` (0 if none).
-fn block_size(ptr: DevicePtr) -> u64 {
-    ADDRESSES
-        .get(ptr)
-        .and_then(|i| BLOCKS.try_get(i))
-        .filter(|b| b.is_allocated_at(ptr))
-        // SAFETY: an allocated block's fields do not change until the program frees it,
-        // and the caller has just allocated it.
-        .map_or(0, |b| unsafe { b.data() }.size)
-}
-
 /// What an allocation learnt on its way, for the trace (each field unknown until set).
 #[derive(Copy, Clone)]
 struct Seen {
@@ -262,7 +251,7 @@ impl Seen {
 fn trace_allocation(result: Result<DevicePtr>, size: usize, seen: Seen, stream: Option<u64>) {
     let rounded = match result {
         Ok(_) if seen.block != 0 => seen.block,
-        Ok(ptr) => block_size(ptr),
+        Ok(ptr) => handover::allocated_size(ptr),
         Err(_) => round_size(size as u64).unwrap_or(0),
     };
     let stream = stream.map(|h| (h, seen.stream_id));
@@ -392,51 +381,22 @@ impl Runtime {
         seen.device = pool.ctx.device;
         let sid = self.backend.stream_id(stream).map_err(CupoolStatus::from)?;
         seen.stream_id = sid.0;
+        let s = StreamRef {
+            id: sid.0,
+            handle: stream,
+        };
         with_thread(|ts, mut cache| {
             let c = ts.counters(pool.index);
             if let Some(cache) = cache.as_deref_mut() {
-                if let Some(idx) = cache.take(pool.index, sid.0, rounded) {
-                    let b = BLOCKS.get(idx);
-                    // SAFETY: the block came out of this thread's cache: this thread owns it.
-                    let d = unsafe { b.data() };
-                    d.place = Place::Allocated;
-                    d.requested = size as u64;
-                    d.stream = sid.0;
-                    d.handle = stream as u64;
-                    pool.note_allocated(c, d.size, size as u64);
-                    seen.block = d.size;
-                    b.publish_allocated(d.ptr);
-                    return Ok(d.ptr);
+                if let Some((ptr, block)) = pool.alloc_cached(cache, c, rounded, size as u64, s) {
+                    seen.block = block;
+                    return Ok(ptr);
                 }
             }
-            let s = StreamRef {
-                id: sid.0,
-                handle: stream,
-            };
             pool.alloc_slow(c, rounded, size as u64, Some(s), &mut || {
                 flush_own_cache(cache.as_deref_mut(), pool.index)
             })
         })
-    }
-
-    /// Takes a block back from the program: its record, or why not.
-    #[inline]
-    fn take_back(ptr: DevicePtr) -> Result<(crate::pool::block::BlockIdx, &'static DevicePool)> {
-        let idx = ADDRESSES
-            .get(ptr)
-            .ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
-        let b = BLOCKS
-            .try_get(idx)
-            .ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
-        match b.try_take_back(ptr) {
-            TakeBack::Taken => {}
-            TakeBack::AlreadyFree => return Err(CupoolStatus::CupoolErrorDoubleFree),
-            TakeBack::NotThisBlock => return Err(CupoolStatus::CupoolErrorInvalidPointer),
-        }
-        // SAFETY: the CAS above made this thread the block's owner.
-        let pool_index = unsafe { b.data() }.pool;
-        let pool = pool::pool_by_index(pool_index).ok_or(CupoolStatus::CupoolErrorInternal)?;
-        Ok((idx, pool))
     }
 
     /// Gives the calling thread's cached blocks back to the shared pool (where other
@@ -459,20 +419,18 @@ impl Runtime {
 
     /// Streamless free: reused only after a context fence recorded after this call completes.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let result = Self::take_back(ptr).map(|(idx, pool)| {
+        let result = handover::take_back(ptr).map(|taken: Taken| {
+            let pool = taken.pool();
             with_thread(|ts, _| {
                 let c = ts.counters(pool.index);
-                // SAFETY: `take_back` made this thread the owner.
-                let d = unsafe { BLOCKS.get(idx).data() };
                 let freed = Freed {
-                    requested: d.requested,
-                    size: d.size,
+                    requested: taken.requested(),
+                    size: taken.size(),
                     device: pool.ctx.device,
                     stream_id: record::NO_STREAM_ID,
                 };
-                pool.note_freed(c, d.size, d.requested);
-                // SAFETY: as above.
-                unsafe { pool.free_to_fence(idx, false) };
+                pool.note_freed(c, taken.size(), taken.requested());
+                taken.to_fence(false);
                 freed
             })
         });
@@ -495,12 +453,9 @@ impl Runtime {
 
     #[inline(always)]
     fn free_on_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<Freed> {
-        let (idx, pool) = Self::take_back(ptr)?;
-        // SAFETY: `take_back` made this thread the owner.
-        let (alloc_stream, alloc_handle) = {
-            let d = unsafe { BLOCKS.get(idx).data() };
-            (d.stream, d.handle)
-        };
+        let taken = handover::take_back(ptr)?;
+        let pool = taken.pool();
+        let (alloc_stream, alloc_handle) = taken.stream();
         // Freed with the handle it was allocated with: no need to ask the driver. Should
         // that handle now name another stream (the first one destroyed, a new one created
         // at the same address), the block is filed under the first stream's id, which no
@@ -512,16 +467,14 @@ impl Runtime {
                 Ok(sid) => sid,
                 Err(e) => {
                     // The stream cannot be identified: the program keeps the block.
-                    BLOCKS.get(idx).publish_allocated(ptr);
+                    taken.keep();
                     return Err(e.into());
                 }
             }
         };
         with_thread(|ts, cache| {
             let c = ts.counters(pool.index);
-            // SAFETY: `take_back` made this thread the owner.
-            let d = unsafe { BLOCKS.get(idx).data() };
-            let (size, requested, alloc_stream) = (d.size, d.requested, d.stream);
+            let (size, requested) = (taken.size(), taken.requested());
             let freed = Freed {
                 requested,
                 size,
@@ -530,21 +483,14 @@ impl Runtime {
             };
             pool.note_freed(c, size, requested);
             if alloc_stream != STREAMLESS && alloc_stream != sid.0 {
-                // SAFETY: as above.
-                unsafe { pool.free_to_fence(idx, true) };
+                taken.to_fence(true);
                 return Ok(freed);
             }
             let s = StreamRef {
                 id: sid.0,
                 handle: stream,
             };
-            if let Some(cache) = cache {
-                if cache.put(pool.index, s, idx, size) {
-                    return Ok(freed);
-                }
-            }
-            // SAFETY: as above.
-            unsafe { pool.free_to_stream(s, &[idx]) };
+            taken.to_stream(cache, s);
             Ok(freed)
         })
     }
@@ -552,16 +498,7 @@ impl Runtime {
     /// What the pool knows about the live block found by `find_containing`, checked
     /// through its tag (a block freed meanwhile is not reported).
     fn info_of(pool: &DevicePool, found: pool::Containing) -> Option<BlockInfo> {
-        let b = BLOCKS.try_get(found.idx)?;
-        if !b.is_allocated_at(found.block_ptr) {
-            return None;
-        }
-        // SAFETY: an allocated block's fields do not change until it is freed; the tag is
-        // checked again below.
-        let d = unsafe { *b.data() };
-        if !b.is_allocated_at(found.block_ptr) {
-            return None;
-        }
+        let d = handover::live_record(&found)?;
         Some(BlockInfo {
             ptr: d.ptr,
             size: d.size,
@@ -575,12 +512,7 @@ impl Runtime {
 
     /// The live block that starts exactly at `ptr`.
     pub fn lookup(&self, ptr: DevicePtr) -> Option<BlockInfo> {
-        let b = BLOCKS.try_get(ADDRESSES.get(ptr)?)?;
-        if !b.is_allocated_at(ptr) {
-            return None;
-        }
-        // SAFETY: allocated: its pool index does not change until it is freed.
-        let pool = pool::pool_by_index(unsafe { b.data() }.pool)?;
+        let pool = handover::pool_holding(ptr)?;
         let found = pool.find_containing(ptr)?;
         (found.block_ptr == ptr)
             .then(|| Self::info_of(pool, found))

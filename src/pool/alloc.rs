@@ -1,0 +1,193 @@
+//! The slow allocation path: a request that missed the thread cache, fitted from the
+//! stream's own frees, the shared index, fenced frees, or a new segment.
+
+use super::block::{BlockIdx, Place, SegmentKind};
+use super::counters::ThreadCounters;
+use super::fences::Advance;
+use super::thread_cache;
+use super::{DevicePool, Request, StreamRef, BLOCKS, STREAMLESS};
+use crate::status::{CupoolStatus, Result};
+use core::sync::atomic::Ordering;
+
+impl DevicePool {
+    /// Allocates a block that missed the thread cache. `flush_own_cache` gives the calling
+    /// thread's cached blocks of this pool back; it is called before the pool grows and
+    /// before the out-of-memory retry, so blocks the thread holds are not left out.
+    pub fn alloc_slow(
+        &self,
+        c: &ThreadCounters,
+        size: u64,
+        requested: u64,
+        stream: Option<StreamRef>,
+        flush_own_cache: &mut dyn FnMut(),
+    ) -> Result<u64> {
+        let req = Request {
+            size,
+            requested,
+            kind: Self::kind_for(size),
+            stream,
+        };
+        if req.kind == SegmentKind::Large && self.vmm.load(Ordering::Relaxed) {
+            self.ensure_arena();
+        }
+        // Note [remap last]: in the VMM arena a large request always "fits" its unmapped
+        // tail, so a first fit that needs granules mapped would remap (tens of µs per
+        // granule on a GPU) while frees waiting for a fence could serve it as they are.
+        // Fits that need no mapping come first: before and after a fence pass, after this
+        // thread's cache is flushed and after waiting for fences; mapping comes last.
+        if let Some(ptr) = self.try_fit(c, req, false) {
+            return Ok(ptr);
+        }
+        if self.may_order() {
+            if self.spare_due(req) {
+                // On failure (limit, driver OOM) the fence below serves the request, and
+                // the streak starts again: no release-and-retry for a copy nobody needs.
+                if let Ok(ptr) = self.grow_and_carve(c, req) {
+                    self.shared.lock().slow.misses += 1;
+                    return Ok(ptr);
+                }
+            }
+            let moved = self.advance(Advance::Poll);
+            let fitted = if moved > 0 {
+                self.try_fit(c, req, false)
+            } else {
+                None
+            };
+            self.note_fence_pass(req, moved, fitted.is_some());
+            if let Some(ptr) = fitted {
+                return Ok(ptr);
+            }
+        }
+        // Blocks this thread's cache holds are invisible to the search above (the cache
+        // is searched by the request's class only): give them back before growing.
+        flush_own_cache();
+        if req.kind == SegmentKind::Large && self.arena_active() && self.may_order() {
+            // Note [vmm arena]: the flushed blocks' granules can be stolen once fenced.
+            self.advance(Advance::Poll);
+        }
+        if let Some(ptr) = self.try_fit(c, req, false) {
+            return Ok(ptr);
+        }
+        if let Some(ptr) = self.wait_before_growing(c, req) {
+            return Ok(ptr);
+        }
+        if let Some(ptr) = self.try_fit(c, req, true) {
+            return Ok(ptr);
+        }
+        self.shared.lock().slow.misses += 1;
+        match self.grow_and_carve(c, req) {
+            Ok(ptr) => return Ok(ptr),
+            Err(CupoolStatus::CupoolErrorOutOfMemory) => {}
+            Err(e) => return Err(e),
+        }
+        // Out of memory: give back what the pool can, then try once more.
+        self.shared.lock().slow.retries += 1;
+        crate::log::info(&format!(
+            "cupool: device {} out of memory for {size} bytes; waiting for pending frees and releasing cached memory",
+            self.ctx.device
+        ));
+        flush_own_cache();
+        // Other threads give theirs back at their next call.
+        thread_cache::request_flush_all();
+        if self.may_order() {
+            self.advance(Advance::Wait);
+            if let Some(ptr) = self.try_fit(c, req, true) {
+                return Ok(ptr);
+            }
+            self.release_idle_segments(c);
+        }
+        let result = self.grow_and_carve(c, req);
+        if result == Err(CupoolStatus::CupoolErrorOutOfMemory) {
+            self.shared.lock().slow.ooms += 1;
+            crate::log::info(&format!(
+                "cupool: device {} out of memory: {size} bytes requested",
+                self.ctx.device
+            ));
+        }
+        result
+    }
+
+    /// Takes a fitting free block the caller may use, from its stream's own frees first,
+    /// then from the shared index. With `remap` false, a block of the VMM arena that is not
+    /// wholly mapped is left where it is (Note [remap last]).
+    pub(super) fn try_fit(&self, c: &ThreadCounters, req: Request, remap: bool) -> Option<u64> {
+        let Request { size, kind, .. } = req;
+        let mut sh = self.shared.lock();
+        // SAFETY: pool lock held for every record touched below.
+        unsafe {
+            if let Some(s) = req.stream {
+                if let Some(&pos) = sh.stream_pos.get(&s.id) {
+                    // The stream's own block unless the shared index has a smaller fit.
+                    let own = sh.streams[pos].index(kind).find(&BLOCKS, size);
+                    let shared = sh.index(kind).find(&BLOCKS, size);
+                    let size_of = |i: BlockIdx| BLOCKS.get(i).data().size;
+                    let use_own = match (own, shared) {
+                        (Some(o), Some(g)) => size_of(o) <= size_of(g),
+                        (Some(_), None) => true,
+                        _ => false,
+                    };
+                    if let (true, Some(idx)) = (use_own, own) {
+                        let st = &mut sh.streams[pos];
+                        st.index(kind).remove(&BLOCKS, idx);
+                        BLOCKS.get(idx).data().place = Place::Allocated;
+                        match self.split(&mut sh, idx, size, kind, Place::FreeOnStream, true) {
+                            Some(rest) => {
+                                let st = &mut sh.streams[pos];
+                                st.age.replace(&BLOCKS, idx, rest);
+                                st.index(kind).insert(&BLOCKS, rest);
+                            }
+                            None => sh.streams[pos].age.remove(&BLOCKS, idx),
+                        }
+                        drop(sh);
+                        return Some(self.hand_out(c, idx, req));
+                    }
+                }
+            }
+            let (idx, mapped) = self.take_shared(&mut sh, req)?;
+            if !mapped && !remap {
+                self.insert_shared(&mut sh, idx);
+                return None;
+            }
+            drop(sh);
+            if !mapped {
+                return self.map_or_put_back(c, idx, req, false).ok();
+            }
+            Some(self.hand_out(c, idx, req))
+        }
+    }
+
+    /// Maps the granules under the arena block `idx` (taken and pinned by the caller) and
+    /// hands it out; when that fails, puts the block back in the shared index.
+    pub(super) fn map_or_put_back(
+        &self,
+        c: &ThreadCounters,
+        idx: BlockIdx,
+        req: Request,
+        may_create: bool,
+    ) -> Result<u64> {
+        match self.map_arena_block(c, idx, may_create) {
+            Ok(()) => Ok(self.hand_out(c, idx, req)),
+            Err(e) => {
+                let mut sh = self.shared.lock();
+                // SAFETY: pool lock held; the block is ours, in no index.
+                unsafe { self.insert_shared(&mut sh, idx) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Marks `idx` as handed to the program and does its bookkeeping.
+    pub(super) fn hand_out(&self, c: &ThreadCounters, idx: BlockIdx, req: Request) -> u64 {
+        let b = BLOCKS.get(idx);
+        // SAFETY: the caller took `idx` out of every list; nobody else refers to it.
+        let d = unsafe { b.data() };
+        d.place = Place::Allocated;
+        d.requested = req.requested;
+        d.stream = req.stream.map_or(STREAMLESS, |s| s.id);
+        d.handle = req.stream.map_or(0, |s| s.handle as u64);
+        let (ptr, size) = (d.ptr, d.size);
+        self.note_allocated(c, size, req.requested);
+        b.publish_allocated(ptr);
+        ptr
+    }
+}

@@ -1,0 +1,323 @@
+//! Context fences: sealing frees under a fence, polling or waiting for fences, draining
+//! what they cover into the shared index, waiting for a fence before growing, and the
+//! second copy of a lone fenced block.
+
+use super::block::SegmentKind;
+use super::counters::ThreadCounters;
+use super::fifo::Fifo;
+use super::{DevicePool, Request, Shared, BLOCKS};
+use crate::backend::EventHandle;
+use crate::config::{self, Key};
+use core::sync::atomic::Ordering;
+
+/// Context fences outstanding at most before a poll stops recording new ones (each costs
+/// an event and ~0.2-0.7 µs to record; while the device is this far behind, a new one
+/// would not complete before the outstanding ones).
+const MAX_OUTSTANDING_FENCES: usize = 64;
+/// Fenced reuses of a lone block in a row after which the pool grows a second copy of it
+/// (Note [lone fences]). A ski-rental bound: 256 fences (a record and a query, ~0.37 µs
+/// on an H100) cost about what allocating a 64 MiB segment costs (~85 µs), so a loop never
+/// pays much more than twice what the better of "fence every reuse" and "hold a second
+/// copy" would have cost it.
+const SPARE_AFTER_LONE_FENCES: u32 = 256;
+
+/// An event or fence and the clock value it covers.
+type Recorded = (EventHandle, u64);
+
+/// The context fences outstanding after a seal.
+pub(super) struct Outstanding {
+    count: usize,
+    newest: Option<Recorded>,
+}
+
+impl Outstanding {
+    fn of(sh: &Shared) -> Self {
+        Outstanding {
+            count: sh.fences.len(),
+            newest: sh.fences.back().copied(),
+        }
+    }
+}
+
+/// Which work a fence-advance pass may do. Each first seals: records one fence for the
+/// frees no fence covers yet (not past [`MAX_OUTSTANDING_FENCES`] unless it waits for all).
+#[derive(Copy, Clone, PartialEq, Eq)]
+pub(super) enum Advance {
+    /// Record events/fences for unsealed frees and poll the outstanding ones.
+    Poll,
+    /// Record, then wait for every outstanding event and fence (OOM path, empty_cache).
+    Wait,
+    /// Record, then wait at most this long for the newest fence (before growing: Note
+    /// [wait before growing]); what completed meanwhile drains either way.
+    WaitUpTo(core::time::Duration),
+}
+
+impl DevicePool {
+    /// Records one context fence covering every block freed so far that no fence covers
+    /// yet (in the fence queue and in every stream's age list).
+    ///
+    /// Note [no stored stream handles]: a stream's frees are made shareable by a context
+    /// fence, never by an event recorded on the stream's handle: the pool only remembers
+    /// handles from earlier calls, and the program may have destroyed that stream since
+    /// (the driver does not validate handles: recording on a dead one is a use after
+    /// free). A context fence needs no handle and covers all streams at once. Caller holds
+    /// `self.events`.
+    pub(super) fn seal(&self, mode: Advance) -> Outstanding {
+        let epoch = {
+            let mut sh = self.shared.lock();
+            let outstanding = Outstanding::of(&sh);
+            if mode != Advance::Wait && sh.fences.len() >= MAX_OUTSTANDING_FENCES {
+                // The device is far behind: one more fence would not complete sooner than
+                // the outstanding ones, and the blocks simply wait for a later one.
+                return outstanding;
+            }
+            let covered = sh.fence_sealed;
+            // SAFETY (closure): pool lock held; stamps grow along each FIFO, so its newest
+            // block tells whether anything in it is unsealed.
+            let newest = |f: &Fifo| {
+                f.back()
+                    .map_or(0, |t| unsafe { BLOCKS.get(t).data().free_epoch })
+            };
+            let unsealed = newest(&sh.fence_queue) > covered
+                || sh.streams.iter().any(|st| newest(&st.age) > covered);
+            if !unsealed {
+                return outstanding;
+            }
+            let epoch = sh.clock;
+            sh.clock += 1;
+            epoch
+        };
+        let recorded = self.backend.record_context_fence(self.ctx.id);
+        let mut sh = self.shared.lock();
+        match recorded {
+            Ok(ev) => {
+                sh.fences.push_back((ev, epoch));
+                sh.fence_sealed = epoch;
+                sh.unsealed_fence_blocks = 0;
+                sh.slow.fences += 1;
+            }
+            Err(e) => crate::log::debug(&format!("cupool: context fence failed: {e:?}")),
+        }
+        Outstanding::of(&sh)
+    }
+
+    /// Seals unsealed frees, polls (or waits for) outstanding context fences, and moves
+    /// the blocks they cover to the shared index. Returns how many blocks moved.
+    ///
+    /// This is the streamless path's cost whenever a freed block must be fenced before its
+    /// reuse, so it takes the pool lock as few times as it can: once before and once after
+    /// recording, once to retire fences and drain; more only in a binary search.
+    pub(super) fn advance(&self, mode: Advance) -> usize {
+        self.reporting_stalls("a fence pass", || self.advance_now(mode))
+    }
+
+    /// Runs `fence_work`; with `CUPOOL_LOG=debug`, reports it when it stalled the caller for
+    /// over 50 µs (a driver call that blocked, or a wait for another thread's pass).
+    pub(super) fn reporting_stalls<T>(&self, what: &str, fence_work: impl FnOnce() -> T) -> T {
+        if crate::log::level() < crate::log::Level::Debug {
+            return fence_work();
+        }
+        let started = std::time::Instant::now();
+        let result = fence_work();
+        let spent = started.elapsed();
+        if spent > std::time::Duration::from_micros(50) {
+            crate::log::debug(&format!(
+                "cupool: device {}: {what} took {} us",
+                self.ctx.device,
+                spent.as_micros()
+            ));
+        }
+        result
+    }
+
+    fn advance_now(&self, mode: Advance) -> usize {
+        // A panic elsewhere cannot leave the guarded data (there is none) inconsistent.
+        let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let Outstanding { count, newest } = self.seal(mode);
+        let done = match (mode, newest) {
+            (_, None) => 0,
+            // Waiting on the newest covers every older one; if that fails (driver error),
+            // no older one is tried.
+            (Advance::Wait, Some((ev, e))) => {
+                if self.backend.wait_event(self.ctx.id, ev).is_ok() {
+                    e
+                } else {
+                    0
+                }
+            }
+            (Advance::WaitUpTo(bound), Some(newest)) => {
+                match self.backend.wait_event_for(self.ctx.id, newest.0, bound) {
+                    Ok(true) => newest.1,
+                    _ => self.newest_completed(count, newest).map_or(0, |(_, e)| e),
+                }
+            }
+            (Advance::Poll, Some(newest)) => {
+                self.newest_completed(count, newest).map_or(0, |(_, e)| e)
+            }
+        };
+        // Retire the fences that completed and drain what they cover; the events go back
+        // to the backend with no pool lock held (Note [locks]).
+        let mut moved = 0;
+        loop {
+            let mut retired = [EventHandle(0); 16];
+            let mut n = 0;
+            {
+                let mut sh = self.shared.lock();
+                sh.fence_done = sh.fence_done.max(done);
+                while n < retired.len() {
+                    match sh.fences.front() {
+                        Some(&(ev, e)) if e <= sh.fence_done => {
+                            sh.fences.pop_front();
+                            retired[n] = ev;
+                            n += 1;
+                        }
+                        _ => break,
+                    }
+                }
+                if n < retired.len() {
+                    // SAFETY: pool lock held.
+                    moved += unsafe { self.drain(&mut sh) };
+                }
+            }
+            for &ev in &retired[..n] {
+                self.backend.recycle_event(self.ctx.id, ev);
+            }
+            if n < retired.len() {
+                return moved;
+            }
+        }
+    }
+
+    /// The newest of the `count` outstanding fences (`newest` is the last) known complete,
+    /// if any. Caller holds `self.events`, so the list does not change meanwhile.
+    ///
+    /// A fence covers all the work its older ones cover, so the completed fences are (up
+    /// to the instant of each query) a prefix of the list. The newest is asked first, since
+    /// on an idle device it has completed and one query settles everything; otherwise a
+    /// binary search finds the end of the prefix in about log2(count) queries instead of
+    /// one query per fence. Whatever a query error or a race does to that ordering, the
+    /// answer is a fence that did complete, which is all correctness needs.
+    fn newest_completed(&self, count: usize, newest: Recorded) -> Option<Recorded> {
+        let complete = |f: Recorded| {
+            self.backend
+                .event_completed(self.ctx.id, f.0)
+                .unwrap_or(false)
+        };
+        if complete(newest) {
+            return Some(newest);
+        }
+        let fence_at = |i: usize| -> Recorded { self.shared.lock().fences[i] };
+        // Invariant: every fence at or after `hi` is incomplete (as last seen); `found` is
+        // the newest fence seen complete.
+        let (mut lo, mut hi, mut found) = (0, count - 1, None);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let f = fence_at(mid);
+            if complete(f) {
+                found = Some(f);
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        found
+    }
+
+    /// Moves every block whose event or fence has completed to the shared index; returns
+    /// how many.
+    ///
+    /// # Safety
+    /// Pool lock held.
+    unsafe fn drain(&self, sh: &mut Shared) -> usize {
+        let mut moved = 0;
+        let fence_done = sh.fence_done;
+        while let Some(idx) = sh.fence_queue.front() {
+            if BLOCKS.get(idx).data().free_epoch > fence_done {
+                break;
+            }
+            sh.fence_queue.remove(&BLOCKS, idx);
+            self.insert_shared(sh, idx);
+            moved += 1;
+        }
+        for pos in 0..sh.streams.len() {
+            loop {
+                let st = &mut sh.streams[pos];
+                let Some(idx) = st.age.front() else { break };
+                let d = BLOCKS.get(idx).data();
+                if d.free_epoch > fence_done {
+                    break;
+                }
+                let kind = d.kind;
+                st.age.remove(&BLOCKS, idx);
+                st.index(kind).remove(&BLOCKS, idx);
+                self.insert_shared(sh, idx);
+                moved += 1;
+            }
+        }
+        moved
+    }
+
+    /// Note [wait before growing]: blocks freed while the device is behind wait for their
+    /// fence, and a miss that cannot use them would take more memory from the driver. When
+    /// the bytes waiting would cover the request, the miss waits (at most `grow_wait_us`)
+    /// for the newest fence instead, which is what `cudaFree` would have waited for on
+    /// every free; then it fits the request from what drained. The stall is bounded and
+    /// taken only on a miss, where a driver allocation (tens of µs) was the alternative.
+    /// A spare copy (Note [lone fences]) is not subject to this: it exists to save fences.
+    pub(super) fn wait_before_growing(&self, c: &ThreadCounters, req: Request) -> Option<u64> {
+        let bound = config::get(Key::GrowWaitUs);
+        if bound == 0 || !self.may_order() {
+            return None;
+        }
+        let waiting = {
+            let sh = self.shared.lock();
+            sh.fence_queue.bytes + sh.streams.iter().map(|st| st.age.bytes).sum::<u64>()
+        };
+        if waiting < req.size {
+            return None;
+        }
+        let bound = core::time::Duration::from_micros(bound);
+        let moved = self.advance(Advance::WaitUpTo(bound));
+        if moved == 0 {
+            return None;
+        }
+        self.try_fit(c, req, false)
+    }
+
+    /// Whether this miss should grow a second copy of a large block instead of fencing the
+    /// freed one again; if so, the streak starts again.
+    ///
+    /// Note [lone fences]: a block with a segment of its own that a loop frees without a
+    /// stream and allocates again needs, for every reuse, a context fence recorded after
+    /// its free and seen complete (~0.37 µs of driver calls on an H100, most of such a
+    /// pair's cost). With two copies, one fence covers both frees: half the fences. When
+    /// [`SPARE_AFTER_LONE_FENCES`] misses in a row were each served by a fence pass that
+    /// made exactly one block reusable, the next miss of a large block up to
+    /// `fence_spare_max` grows instead. With GPU work in flight the pool grows the second
+    /// copy anyway (the fence is not complete yet), so this only gives an idle loop a busy
+    /// loop's footprint. The copy is ordinary idle cache: released by `empty_cache` and
+    /// before an out-of-memory error, reported free by the interposer's `cuMemGetInfo`.
+    pub(super) fn spare_due(&self, req: Request) -> bool {
+        if req.kind != SegmentKind::Large || req.size > config::get(Key::FenceSpareMax) {
+            return false;
+        }
+        let streak = self.lone_fence_streak.load(Ordering::Relaxed);
+        // Of racing misses, the one that resets the streak grows the copy.
+        streak >= SPARE_AFTER_LONE_FENCES
+            && self
+                .lone_fence_streak
+                .compare_exchange(streak, 0, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Counts a miss's fence pass for Note [lone fences]: it made `moved` blocks reusable,
+    /// and the request was `served` from them.
+    pub(super) fn note_fence_pass(&self, req: Request, moved: usize, served: bool) {
+        let lone = moved == 1 && served && req.kind == SegmentKind::Large;
+        let streak = self.lone_fence_streak.load(Ordering::Relaxed);
+        let next = if lone { streak.saturating_add(1) } else { 0 };
+        if next != streak {
+            self.lone_fence_streak.store(next, Ordering::Relaxed);
+        }
+    }
+}

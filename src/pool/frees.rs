@@ -1,0 +1,125 @@
+//! Frees: a block given back on its stream (reusable by that stream at once) or without
+//! one (reusable once a context fence covers it).
+
+use super::block::{BlockIdx, Place, NIL};
+use super::fences::Advance;
+use super::{DevicePool, Shared, StreamRef, BLOCKS};
+use crate::config::{self, Key};
+
+impl DevicePool {
+    /// A block freed on stream `s` (directly or flushed from a thread cache): `s` may take
+    /// it at once, other streams once a context fence recorded after now completes.
+    ///
+    /// # Safety
+    /// The caller owns every block in `blocks` (taken back from the program or from its
+    /// thread cache), all of this pool.
+    pub unsafe fn free_to_stream(&self, s: StreamRef, blocks: &[BlockIdx]) {
+        let mut sh = self.shared.lock();
+        let clock = sh.clock;
+        for &idx in blocks {
+            let d = BLOCKS.get(idx).data();
+            d.place = Place::FreeOnStream;
+            d.stream = s.id;
+            d.requested = 0;
+            d.free_epoch = clock;
+            let idx = self.merge_on_stream(&mut sh, s, idx);
+            let kind = BLOCKS.get(idx).data().kind;
+            let st = sh.stream(s);
+            st.index(kind).insert(&BLOCKS, idx);
+            st.age.push_back(&BLOCKS, idx);
+        }
+    }
+
+    /// Merges a block just freed on stream `s` (in no list yet) with its free neighbours
+    /// that `s` may use: blocks freed on `s` itself and shared ones. The result belongs to
+    /// `s` until a fence covers it (its stamp is the newest), like any block freed on `s`.
+    ///
+    /// Note [merge on free]: without it, a segment freed piece by piece on a stream stays
+    /// in pieces until the next fence drains them into the shared index, and a request
+    /// as large as the segment misses and grows the pool while the memory sits there.
+    ///
+    /// # Safety
+    /// Pool lock held; `idx` is owned by the caller (in no index or FIFO).
+    unsafe fn merge_on_stream(&self, sh: &mut Shared, s: StreamRef, idx: BlockIdx) -> BlockIdx {
+        let mut idx = idx;
+        let kind = BLOCKS.get(idx).data().kind;
+        // A shared free block of the VMM arena may lie over unmapped granules, which a
+        // block outside the shared index must never do (Note [vmm arena]): only the
+        // stream's own pieces merge there.
+        let arena = sh.arena.as_ref().map(|a| (a.base, a.size));
+        let in_arena = |p: u64| arena.is_some_and(|(base, size)| p >= base && p - base < size);
+        let mergeable = |n: BlockIdx| {
+            n != NIL && {
+                let nd = BLOCKS.get(n).data();
+                (nd.place == Place::FreeShared && !in_arena(nd.ptr))
+                    || (nd.place == Place::FreeOnStream && nd.stream == s.id)
+            }
+        };
+        // Takes neighbour `n` out of its list before it merges into a block outside the
+        // shared index that it meets at `junction`; in the VMM arena a shared neighbour's
+        // granules become pinned, and the junction granule is counted once (Note [vmm
+        // arena]).
+        let take = |sh: &mut Shared, n: BlockIdx, junction: u64| {
+            let nd = BLOCKS.get(n).data();
+            let shared = nd.place == Place::FreeShared;
+            if shared {
+                sh.index(kind).remove(&BLOCKS, n);
+            } else {
+                let st = sh.stream(s);
+                st.index(kind).remove(&BLOCKS, n);
+                st.age.remove(&BLOCKS, n);
+            }
+            if let Some(a) = sh.arena.as_mut().filter(|a| a.contains(nd.ptr)) {
+                if shared {
+                    a.pin(nd.ptr, nd.size);
+                }
+                a.merge_at(junction);
+            }
+        };
+        let prev = BLOCKS.get(idx).data().seg_prev;
+        if mergeable(prev) {
+            take(sh, prev, BLOCKS.get(idx).data().ptr);
+            let epoch = BLOCKS.get(idx).data().free_epoch;
+            Self::absorb_next(prev);
+            let d = BLOCKS.get(prev).data();
+            d.place = Place::FreeOnStream;
+            d.stream = s.id;
+            d.free_epoch = epoch;
+            idx = prev;
+        }
+        let next = BLOCKS.get(idx).data().seg_next;
+        if mergeable(next) {
+            take(sh, next, BLOCKS.get(next).data().ptr);
+            Self::absorb_next(idx);
+        }
+        idx
+    }
+
+    /// A block freed without a stream, or on a stream other than its own: reused only
+    /// after a context fence recorded after now has completed.
+    ///
+    /// # Safety
+    /// The caller owns `idx` (taken back from the program).
+    pub unsafe fn free_to_fence(&self, idx: BlockIdx, cross_stream: bool) {
+        let seal = {
+            let mut sh = self.shared.lock();
+            let d = BLOCKS.get(idx).data();
+            d.place = Place::AwaitingFence;
+            d.requested = 0;
+            d.free_epoch = sh.clock;
+            sh.fence_queue.push_back(&BLOCKS, idx);
+            sh.unsealed_fence_blocks += 1;
+            if cross_stream {
+                sh.slow.cross_stream += 1;
+            }
+            sh.unsealed_fence_blocks >= config::get(Key::FenceBatch).max(1)
+        };
+        if seal && self.may_order() {
+            // Batch full: record one fence for all of them now, so they are reusable by the
+            // time the next miss looks (recording costs ~0.2 µs; no wait).
+            if let Ok(_ev) = self.events.try_lock() {
+                self.reporting_stalls("sealing a batch of frees", || self.seal(Advance::Poll));
+            }
+        }
+    }
+}

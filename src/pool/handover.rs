@@ -1,0 +1,177 @@
+//! Handing blocks to the program and taking them back outside the pool lock: a thread-cache
+//! hit, a free, and the lookups of a live block. These are the only writes and reads of
+//! block records that the runtime makes, and they happen here, so that the runtime holds
+//! no `unsafe`.
+//!
+//! Who owns a record when (Note in `block.rs`): the thread whose cache holds the block,
+//! then the program from [`Block::publish_allocated`](super::block::Block::publish_allocated)
+//! on, then the thread whose free won the tag's compare-and-swap ([`take_back`]).
+
+use super::block::{BlockData, BlockIdx, Place, TakeBack};
+use super::counters::ThreadCounters;
+use super::thread_cache::ThreadCache;
+use super::{pool_by_index, Containing, DevicePool, StreamRef, ADDRESSES, BLOCKS};
+use crate::status::{CupoolStatus, Result};
+
+impl DevicePool {
+    /// A thread-cache hit: takes a block of at least `size` bytes cached for `stream` out of
+    /// the calling thread's `cache` and hands it to the program, which asked for
+    /// `requested` bytes. Returns the block's address and its size in the pool; `None` on a
+    /// miss. No lock and no atomic beyond the block's tag: the thread owns what its cache
+    /// holds.
+    #[inline(always)]
+    pub fn alloc_cached(
+        &self,
+        cache: &mut ThreadCache,
+        c: &ThreadCounters,
+        size: u64,
+        requested: u64,
+        stream: StreamRef,
+    ) -> Option<(u64, u64)> {
+        let idx = cache.take(self.index, stream.id, size)?;
+        let b = BLOCKS.get(idx);
+        // SAFETY: the block came out of this thread's cache: this thread owns it.
+        let d = unsafe { b.data() };
+        d.place = Place::Allocated;
+        d.requested = requested;
+        d.stream = stream.id;
+        d.handle = stream.handle as u64;
+        let (ptr, block_size) = (d.ptr, d.size);
+        self.note_allocated(c, block_size, requested);
+        b.publish_allocated(ptr);
+        Some((ptr, block_size))
+    }
+}
+
+/// A block the program gave back ([`take_back`]), owned by the calling thread until it is
+/// filed ([`Taken::to_fence`], [`Taken::to_stream`]) or left with the program
+/// ([`Taken::keep`]).
+pub struct Taken {
+    idx: BlockIdx,
+    ptr: u64,
+    pool: &'static DevicePool,
+    size: u64,
+    requested: u64,
+    stream: u64,
+    handle: u64,
+}
+
+/// Takes the block the program holds at `ptr` back from it: the block, or why not.
+#[inline]
+pub fn take_back(ptr: u64) -> Result<Taken> {
+    let idx = ADDRESSES
+        .get(ptr)
+        .ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
+    let b = BLOCKS
+        .try_get(idx)
+        .ok_or(CupoolStatus::CupoolErrorInvalidPointer)?;
+    match b.try_take_back(ptr) {
+        TakeBack::Taken => {}
+        TakeBack::AlreadyFree => return Err(CupoolStatus::CupoolErrorDoubleFree),
+        TakeBack::NotThisBlock => return Err(CupoolStatus::CupoolErrorInvalidPointer),
+    }
+    // SAFETY: the CAS above made this thread the block's owner.
+    let d = unsafe { b.data() };
+    let pool = pool_by_index(d.pool).ok_or(CupoolStatus::CupoolErrorInternal)?;
+    Ok(Taken {
+        idx,
+        ptr,
+        pool,
+        size: d.size,
+        requested: d.requested,
+        stream: d.stream,
+        handle: d.handle,
+    })
+}
+
+impl Taken {
+    /// The pool the block belongs to.
+    #[inline]
+    pub fn pool(&self) -> &'static DevicePool {
+        self.pool
+    }
+
+    /// The block's size in the pool.
+    #[inline]
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// What the program asked for.
+    #[inline]
+    pub fn requested(&self) -> u64 {
+        self.requested
+    }
+
+    /// The stream it was allocated for ([`super::STREAMLESS`] for none), and the handle
+    /// that allocation named.
+    #[inline]
+    pub fn stream(&self) -> (u64, u64) {
+        (self.stream, self.handle)
+    }
+
+    /// The free failed after all: the program keeps the block.
+    #[inline]
+    pub fn keep(self) {
+        BLOCKS.get(self.idx).publish_allocated(self.ptr);
+    }
+
+    /// Freed without a stream, or (`cross_stream`) on a stream other than its own: reused
+    /// after a context fence ([`DevicePool::free_to_fence`]).
+    #[inline]
+    pub fn to_fence(self, cross_stream: bool) {
+        // SAFETY: `take_back` made this thread the owner; `self` is consumed.
+        unsafe { self.pool.free_to_fence(self.idx, cross_stream) };
+    }
+
+    /// Freed on stream `s`: into the calling thread's cache when it keeps it, otherwise to
+    /// the pool ([`DevicePool::free_to_stream`]).
+    #[inline]
+    pub fn to_stream(self, cache: Option<&mut ThreadCache>, s: StreamRef) {
+        if let Some(cache) = cache {
+            if cache.put(self.pool.index, s, self.idx, self.size) {
+                return;
+            }
+        }
+        // SAFETY: `take_back` made this thread the owner; `self` is consumed.
+        unsafe { self.pool.free_to_stream(s, &[self.idx]) };
+    }
+}
+
+/// The size in the pool of the block the program holds at `ptr` (0 if none), for a caller
+/// that has just allocated it.
+pub fn allocated_size(ptr: u64) -> u64 {
+    ADDRESSES
+        .get(ptr)
+        .and_then(|i| BLOCKS.try_get(i))
+        .filter(|b| b.is_allocated_at(ptr))
+        // SAFETY: an allocated block's fields do not change until the program frees it,
+        // and the caller has just allocated it.
+        .map_or(0, |b| unsafe { b.data() }.size)
+}
+
+/// The pool of the block the program holds, starting at `ptr`.
+pub fn pool_holding(ptr: u64) -> Option<&'static DevicePool> {
+    let b = BLOCKS.try_get(ADDRESSES.get(ptr)?)?;
+    if !b.is_allocated_at(ptr) {
+        return None;
+    }
+    // SAFETY: allocated: its pool index does not change until it is freed.
+    pool_by_index(unsafe { b.data() }.pool)
+}
+
+/// The record of the block found by [`DevicePool::find_containing`] while the program
+/// holds it, checked through its tag (a block freed meanwhile is not reported).
+pub fn live_record(found: &Containing) -> Option<BlockData> {
+    let b = BLOCKS.try_get(found.idx)?;
+    if !b.is_allocated_at(found.block_ptr) {
+        return None;
+    }
+    // SAFETY: an allocated block's fields do not change until it is freed; the tag is
+    // checked again below.
+    let d = unsafe { *b.data() };
+    if !b.is_allocated_at(found.block_ptr) {
+        return None;
+    }
+    Some(d)
+}

@@ -1,0 +1,297 @@
+//! Segments and the blocks they are cut into: growing the pool by a segment, splitting a
+//! block, merging free neighbours into the shared index, and finding a block by address.
+
+use super::block::{BlockData, BlockIdx, Place, SegmentKind, NIL};
+use super::counters::{Level, ThreadCounters};
+use super::size_class::ALIGNMENT;
+use super::size_policy::{split_min, SEGMENT_GRANULE};
+use super::{address_map, DevicePool, Request, Shared, ADDRESSES, BACKEND_OFF, BLOCKS};
+use crate::backend::BackendError;
+use crate::status::{CupoolStatus, Result};
+use core::sync::atomic::Ordering;
+
+/// Fitting free blocks of the arena compared for the fewest unmapped granules.
+const VMM_FIT_PROBES: usize = 16;
+
+impl DevicePool {
+    /// Takes a free block of at least `req.size` from the shared index and splits it to
+    /// size; returns it and whether every granule under it is mapped (always, outside the
+    /// VMM arena).
+    ///
+    /// # Safety
+    /// Pool lock held.
+    pub(super) unsafe fn take_shared(
+        &self,
+        sh: &mut Shared,
+        req: Request,
+    ) -> Option<(BlockIdx, bool)> {
+        let Request { size, kind, .. } = req;
+        let idx = match sh.arena.as_ref() {
+            // Note [vmm arena]: among a few fitting blocks, the one needing the fewest
+            // granules mapped (a remap costs tens of µs on a GPU).
+            Some(a) if kind == SegmentKind::Large => {
+                sh.large.find_cheapest(&BLOCKS, size, VMM_FIT_PROBES, |i| {
+                    let p = BLOCKS.get(i).data().ptr;
+                    if a.contains(p) {
+                        a.unmapped_count(p, size)
+                    } else {
+                        0
+                    }
+                })?
+            }
+            _ => sh.index(kind).find(&BLOCKS, size)?,
+        };
+        sh.index(kind).remove(&BLOCKS, idx);
+        // Taken: a remainder split off below must not merge back into it.
+        let d = BLOCKS.get(idx).data();
+        d.place = Place::Allocated;
+        let in_arena = sh.in_arena(idx);
+        if in_arena {
+            // Note [vmm arena]: only the part handed out is pinned (a free block may be the
+            // arena's whole tail); the remainder goes back unpinned. In the arena a block
+            // is split unless it fits exactly.
+            sh.arena.as_mut().unwrap().pin(d.ptr, size);
+            if let Some(rest) = self.split(sh, idx, size, kind, Place::FreeShared, false) {
+                self.insert_shared_as(sh, rest, false);
+            }
+        } else if let Some(rest) = self.split(sh, idx, size, kind, Place::FreeShared, true) {
+            self.insert_shared(sh, rest);
+        }
+        let mapped = !in_arena || sh.arena.as_ref().unwrap().all_mapped(d.ptr, d.size);
+        Some((idx, mapped))
+    }
+
+    /// Splits `idx` so that it is `size` bytes long, when the remainder is worth keeping;
+    /// returns the remainder's record (same stream and stamp as `idx`, in `rest_place`; the
+    /// caller puts it in the matching index).
+    ///
+    /// # Safety
+    /// Pool lock held; `idx` is owned by the caller (in no index).
+    pub(super) unsafe fn split(
+        &self,
+        sh: &mut Shared,
+        idx: BlockIdx,
+        size: u64,
+        kind: SegmentKind,
+        rest_place: Place,
+        pinned_whole: bool,
+    ) -> Option<BlockIdx> {
+        let d = BLOCKS.get(idx).data();
+        let rest_size = d.size - size;
+        let in_arena = sh.in_arena(idx);
+        let min = split_min(kind, in_arena);
+        if rest_size < min {
+            return None;
+        }
+        if in_arena && pinned_whole {
+            // The block is pinned (outside the shared index): the granule at the cut now
+            // overlaps two such blocks (Note [vmm arena]).
+            sh.arena.as_mut().unwrap().split_at(d.ptr + size);
+        }
+        let rest = BLOCKS.allocate()?;
+        let r = BLOCKS.get(rest).data();
+        *r = *d;
+        r.ptr = d.ptr + size;
+        r.size = rest_size;
+        r.requested = 0;
+        r.place = rest_place;
+        r.segment_head = false;
+        r.segment_size = 0;
+        r.seg_prev = idx;
+        r.seg_next = d.seg_next;
+        r.list_prev = NIL;
+        r.list_next = NIL;
+        r.fifo_prev = NIL;
+        r.fifo_next = NIL;
+        if d.seg_next != NIL {
+            BLOCKS.get(d.seg_next).data().seg_prev = rest;
+        }
+        d.seg_next = rest;
+        d.size = size;
+        BLOCKS.get(rest).publish_free(r.ptr);
+        ADDRESSES.set(r.ptr, rest);
+        Some(rest)
+    }
+
+    /// Puts a free block in the shared index, merging it with free neighbours.
+    ///
+    /// # Safety
+    /// Pool lock held; `idx` is owned by the caller (in no index or FIFO).
+    pub(super) unsafe fn insert_shared(&self, sh: &mut Shared, idx: BlockIdx) {
+        self.insert_shared_as(sh, idx, true)
+    }
+
+    /// [`DevicePool::insert_shared`]; `pinned` says whether the block's granules are
+    /// pinned (an arena block coming from outside the shared index), so that it unpins
+    /// them.
+    ///
+    /// # Safety
+    /// As for [`DevicePool::insert_shared`].
+    unsafe fn insert_shared_as(&self, sh: &mut Shared, idx: BlockIdx, pinned: bool) {
+        let mut idx = idx;
+        let d = BLOCKS.get(idx).data();
+        if let Some(a) = sh.arena.as_mut().filter(|a| pinned && a.contains(d.ptr)) {
+            a.unpin(d.ptr, d.size);
+        }
+        let kind = d.kind;
+        let prev = d.seg_prev;
+        if prev != NIL && BLOCKS.get(prev).data().place == Place::FreeShared {
+            sh.index(kind).remove(&BLOCKS, prev);
+            Self::absorb_next(prev);
+            idx = prev;
+        }
+        let next = BLOCKS.get(idx).data().seg_next;
+        if next != NIL && BLOCKS.get(next).data().place == Place::FreeShared {
+            sh.index(kind).remove(&BLOCKS, next);
+            Self::absorb_next(idx);
+        }
+        let d = BLOCKS.get(idx).data();
+        d.place = Place::FreeShared;
+        d.stream = 0;
+        d.requested = 0;
+        sh.index(kind).insert(&BLOCKS, idx);
+    }
+
+    /// Merges `idx`'s next neighbour into `idx` and frees the neighbour's record.
+    ///
+    /// # Safety
+    /// Pool lock held; both blocks are owned by the caller.
+    pub(super) unsafe fn absorb_next(idx: BlockIdx) {
+        let d = BLOCKS.get(idx).data();
+        let next = d.seg_next;
+        let n = *BLOCKS.get(next).data();
+        d.size += n.size;
+        d.seg_next = n.seg_next;
+        if n.seg_next != NIL {
+            BLOCKS.get(n.seg_next).data().seg_prev = idx;
+        }
+        ADDRESSES.clear(n.ptr);
+        BLOCKS.release(next);
+    }
+
+    /// Gets a new segment from the backend (no lock held during the call) and carves the
+    /// block from it.
+    pub(super) fn grow_and_carve(&self, c: &ThreadCounters, req: Request) -> Result<u64> {
+        if self.capturing() {
+            // A fence, sync or driver allocation now could invalidate the capture; the
+            // interposer hands the request to the driver unchanged.
+            return Err(CupoolStatus::CupoolErrorStreamCapture);
+        }
+        if BACKEND_OFF.load(Ordering::Relaxed) {
+            return Err(CupoolStatus::CupoolErrorBackendUnavailable);
+        }
+        if req.kind == SegmentKind::Large && self.shared.lock().arena.is_some() {
+            return self.carve_arena(c, req);
+        }
+        // The usual segment first; for a large block that does not fit (memory limit or
+        // driver OOM), a segment of just the block's size.
+        let standard = self.segment_size_for(req.size, req.kind);
+        let minimal = match req.kind {
+            SegmentKind::Small => standard,
+            SegmentKind::Large => req.size.div_ceil(SEGMENT_GRANULE) * SEGMENT_GRANULE,
+        };
+        let candidates: &[u64] = if minimal < standard {
+            &[standard, minimal]
+        } else {
+            &[standard]
+        };
+        for &seg_size in candidates {
+            let limit = self.limit();
+            if limit != 0 && self.reserved() + seg_size > limit {
+                continue;
+            }
+            match self.backend.allocate(self.ctx.id, seg_size) {
+                Ok(ptr) => return self.adopt_segment(c, ptr, seg_size, req),
+                Err(BackendError::OutOfMemory) => {}
+                Err(e) => {
+                    crate::log::info(&format!("cupool: segment allocation failed: {e:?}"));
+                    return Err(e.into());
+                }
+            }
+        }
+        Err(CupoolStatus::CupoolErrorOutOfMemory)
+    }
+
+    fn adopt_segment(
+        &self,
+        c: &ThreadCounters,
+        ptr: u64,
+        seg_size: u64,
+        req: Request,
+    ) -> Result<u64> {
+        let Request { size, kind, .. } = req;
+        if ptr % ALIGNMENT != 0 || ptr >= address_map::ADDRESS_LIMIT {
+            // Never seen from CUDA; refuse rather than hand out memory we cannot track.
+            let _ = self.backend.release(self.ctx.id, ptr, seg_size);
+            crate::log::error("cupool: backend returned an address the pool cannot track");
+            return Err(CupoolStatus::CupoolErrorInternal);
+        }
+        let Some(idx) = BLOCKS.allocate() else {
+            let _ = self.backend.release(self.ctx.id, ptr, seg_size);
+            return Err(CupoolStatus::CupoolErrorOutOfMemory);
+        };
+        let mut sh = self.shared.lock();
+        // SAFETY: the record is new and ours; pool lock held.
+        unsafe {
+            // About to be handed out: a remainder split off below must not merge into it.
+            *BLOCKS.get(idx).data() =
+                BlockData::segment_head(ptr, seg_size, self.index, kind, Place::Allocated);
+            BLOCKS.get(idx).publish_free(ptr);
+            ADDRESSES.set(ptr, idx);
+            sh.segments.insert(ptr, idx);
+            sh.reserved += seg_size;
+            sh.reserved_peak = sh.reserved_peak.max(sh.reserved);
+            sh.slow.device_allocs += 1;
+            if c.raise(Level::Cached, seg_size, self.peak_epoch()).0 {
+                drop(sh);
+                self.update_peak(Level::Cached);
+                sh = self.shared.lock();
+            }
+            if let Some(rest) = self.split(&mut sh, idx, size, kind, Place::FreeShared, true) {
+                self.insert_shared(&mut sh, rest);
+            }
+        }
+        drop(sh);
+        crate::trace::record::segment_alloc(ptr, seg_size, self.ctx.device);
+        Ok(self.hand_out(c, idx, req))
+    }
+
+    /// The block of this pool that contains `ptr`, and its segment.
+    pub fn find_containing(&self, ptr: u64) -> Option<Containing> {
+        let sh = self.shared.lock();
+        let (&base, &head) = sh.segments.range(..=ptr).next_back()?;
+        // SAFETY: pool lock held; records of this pool are only changed under it (an
+        // allocated block's fields are read-only while allocated).
+        unsafe {
+            let seg_size = BLOCKS.get(head).data().segment_size;
+            if ptr >= base + seg_size {
+                return None;
+            }
+            let mut idx = head;
+            while idx != NIL {
+                let d = BLOCKS.get(idx).data();
+                if ptr >= d.ptr && ptr < d.ptr + d.size {
+                    return Some(Containing {
+                        idx,
+                        block_ptr: d.ptr,
+                        segment_base: base,
+                        segment_size: seg_size,
+                    });
+                }
+                idx = d.seg_next;
+            }
+        }
+        None
+    }
+}
+
+/// A block found by address, with the segment it belongs to
+/// ([`DevicePool::find_containing`]).
+#[derive(Copy, Clone, Debug)]
+pub struct Containing {
+    pub idx: BlockIdx,
+    /// Start of the block (read under the pool lock).
+    pub block_ptr: u64,
+    pub segment_base: u64,
+    pub segment_size: u64,
+}

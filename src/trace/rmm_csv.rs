@@ -45,16 +45,7 @@ pub fn push_time_of_day(out: &mut String, us: u64) {
 /// Appends one row (with a newline) for `ev`, cupool's columns included.
 pub fn push_row(out: &mut String, ev: &TraceEvent) {
     let mut w = Row::new(out);
-    w.decimal(ev.thread);
-    w.byte(b',');
-    w.time_of_day(ev.time_us);
-    w.byte(b',');
-    w.text(ev.action.rmm_word());
-    w.byte(b',');
-    w.hex(ev.ptr);
-    w.byte(b',');
-    w.decimal(ev.size);
-    w.byte(b',');
+    w.leading_columns(ev.thread, ev.time_us, ev.action.rmm_word(), ev.ptr, ev.size);
     w.hex(ev.stream);
     w.byte(b',');
     if let Some(d) = ev.device {
@@ -94,16 +85,13 @@ pub struct DriverRow {
 /// Appends one row (with a newline) of the driver-events file.
 pub fn push_driver_row(out: &mut String, row: &DriverRow) {
     let mut w = Row::new(out);
-    w.decimal(row.thread);
-    w.byte(b',');
-    w.time_of_day(row.time_us);
-    w.byte(b',');
-    w.text(row.action.word());
-    w.byte(b',');
-    w.hex(row.ptr);
-    w.byte(b',');
-    w.decimal(row.size);
-    w.byte(b',');
+    w.leading_columns(
+        row.thread,
+        row.time_us,
+        row.action.word(),
+        row.ptr,
+        row.size,
+    );
     w.signed(row.device);
     w.byte(b',');
     w.decimal(row.nanos);
@@ -128,6 +116,21 @@ struct Row<'a> {
 impl<'a> Row<'a> {
     fn new(out: &'a mut String) -> Self {
         Row { out }
+    }
+
+    /// The columns both files start with: thread, time of day, action, pointer, size, and
+    /// the comma after them.
+    fn leading_columns(&mut self, thread: u64, time_us: u64, action: &str, ptr: u64, size: u64) {
+        self.decimal(thread);
+        self.byte(b',');
+        self.time_of_day(time_us);
+        self.byte(b',');
+        self.text(action);
+        self.byte(b',');
+        self.hex(ptr);
+        self.byte(b',');
+        self.decimal(size);
+        self.byte(b',');
     }
 
     /// Appends ASCII bytes.

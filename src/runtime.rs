@@ -584,6 +584,19 @@ impl Runtime {
         })
     }
 
+    /// [`Runtime::empty_cache`] for the pool of one context only (tests and replays that
+    /// share a process): the calling thread's cached blocks of that pool go back first;
+    /// other threads' caches and other pools are left alone.
+    pub fn empty_context_cache(&self, ctx: ContextInfo) -> Result<u64> {
+        let pool = self.pool_of(ctx)?;
+        with_thread(|ts, cache| {
+            if let Some(cache) = cache {
+                cache.flush_pool(pool.index);
+            }
+            pool.empty_cache(ts.counters(pool.index))
+        })
+    }
+
     /// Per-device cap on reserved bytes; 0 removes it.
     pub fn set_memory_limit(&self, device: i32, bytes: u64) -> Result<()> {
         self.check_device(Some(device))?;

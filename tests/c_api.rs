@@ -5,6 +5,9 @@
 //! `cargo test` does not build the cdylib/staticlib for integration tests, so the driver
 //! first runs `cargo build --lib` with the same profile and target directory.
 
+#[path = "support/api_library.rs"]
+mod api_library;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -23,13 +26,7 @@ fn manifest_dir() -> &'static Path {
 fn artifacts() -> &'static Artifacts {
     static ARTIFACTS: OnceLock<Artifacts> = OnceLock::new();
     ARTIFACTS.get_or_init(|| {
-        // The test executable lives in <target>/<profile>/deps/.
-        let exe = std::env::current_exe().expect("current_exe");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test binary is in <target>/<profile>/deps")
-            .to_path_buf();
+        let profile_dir = api_library::profile_dir().to_path_buf();
         let target_dir = profile_dir
             .parent()
             .expect("profile dir has a parent")
@@ -38,31 +35,6 @@ fn artifacts() -> &'static Artifacts {
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or("debug");
-
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let mut build = Command::new(cargo);
-        build
-            .current_dir(manifest_dir())
-            .args(["build", "--lib", "-p", "cupool", "--target-dir"])
-            .arg(&target_dir);
-        match profile {
-            "debug" => {}
-            "release" => {
-                build.arg("--release");
-            }
-            other => {
-                build.args(["--profile", other]);
-            }
-        }
-        let status = build.status().expect("run cargo build --lib");
-        assert!(status.success(), "cargo build --lib failed");
-        for lib in ["libcupool.so", "libcupool.a"] {
-            assert!(
-                profile_dir.join(lib).exists(),
-                "{lib} missing in {}",
-                profile_dir.display()
-            );
-        }
         let c_out_dir = target_dir.join("c-tests").join(profile);
         std::fs::create_dir_all(&c_out_dir).expect("create c-tests dir");
         Artifacts {

@@ -4,50 +4,16 @@
 //! carries the versioned soname `libcupool.so.<major>`, and `libcupool.a` defines the same
 //! API. (libcupool_preload.so: preload/tests/exported_symbols.rs.)
 
+#[path = "support/api_library.rs"]
+mod api_library;
 #[path = "support/api_symbols.rs"]
 mod api_symbols;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
+use api_library::profile_dir;
 use api_symbols::{assert_exports_exactly, header_functions, header_path, soname};
-
-/// `target/<profile>` of this test binary, after `cargo build --lib -p cupool` (which
-/// `cargo test` does not do for the cdylib and staticlib).
-fn profile_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("current_exe");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test binary is in <target>/<profile>/deps")
-            .to_path_buf();
-        let target_dir = profile_dir.parent().expect("profile dir has a parent");
-        let profile = profile_dir.file_name().and_then(|n| n.to_str());
-        let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        build
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "--lib", "-p", "cupool", "--target-dir"])
-            .arg(target_dir);
-        match profile {
-            Some("debug") | None => {}
-            Some("release") => {
-                build.arg("--release");
-            }
-            Some(other) => {
-                build.args(["--profile", other]);
-            }
-        }
-        assert!(
-            build.status().expect("run cargo build").success(),
-            "cargo build --lib -p cupool failed"
-        );
-        profile_dir
-    })
-}
 
 fn expected_api() -> BTreeSet<String> {
     let mut expected = header_functions(&header_path());

@@ -198,7 +198,7 @@ fn empty_cache_returns_everything_after_all_frees() {
         }
     }
     host.complete_all(ctx.id);
-    let released = rt.empty_cache(Some(0)).unwrap();
+    let released = rt.empty_context_cache(ctx).unwrap();
     let s = rt.context_stats(ctx).unwrap();
     assert_eq!(
         s.reserved_bytes.current, 0,
@@ -281,7 +281,7 @@ proptest! {
             }
         }
         host.complete_all(ctx.id);
-        rt.empty_cache(Some(0)).unwrap();
+        rt.empty_context_cache(ctx).unwrap();
         prop_assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0,
             "the case starts from an empty pool");
         let base = rt.context_stats(ctx).unwrap();
@@ -318,7 +318,7 @@ proptest! {
                     frees += 1;
                 }
                 Op::CompleteWork => host.complete_all(ctx.id),
-                Op::EmptyCache => { rt.empty_cache(Some(0)).unwrap(); }
+                Op::EmptyCache => { rt.empty_context_cache(ctx).unwrap(); }
             }
             let s = rt.context_stats(ctx).unwrap();
             let model_alloc: u64 = live.iter().map(|l| l.1).sum();
@@ -342,7 +342,7 @@ proptest! {
             }
         }
         host.complete_all(ctx.id);
-        rt.empty_cache(Some(0)).unwrap();
+        rt.empty_context_cache(ctx).unwrap();
         let s = rt.context_stats(ctx).unwrap();
         prop_assert_eq!(s.reserved_bytes.current, 0);
         prop_assert_eq!(s.allocated_bytes.current, 0);
@@ -428,7 +428,7 @@ fn stress_many_threads_own_streams_and_cross_thread_frees() {
     let report = rt.context_pool(ctx).unwrap().check_invariants().unwrap();
     assert_eq!(report.allocated, 0);
     host.complete_all(ctx.id);
-    rt.empty_cache(Some(0)).unwrap();
+    rt.empty_context_cache(ctx).unwrap();
     let s = rt.context_stats(ctx).unwrap();
     assert_eq!(
         s.reserved_bytes.current, 0,

@@ -45,7 +45,9 @@ impl DevicePool {
 
 /// A block the program gave back ([`take_back`]), owned by the calling thread until it is
 /// filed ([`Taken::to_fence`], [`Taken::to_stream`]) or left with the program
-/// ([`Taken::keep`]).
+/// ([`Taken::keep`]). Dropping it instead would leave the block in no list and never
+/// reused.
+#[must_use = "a block taken back must be filed (to_fence, to_stream) or kept"]
 pub struct Taken {
     idx: BlockIdx,
     ptr: u64,

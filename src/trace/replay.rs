@@ -24,7 +24,6 @@
 //!   bad trace: a [`TraceError`] at that event's position.
 
 use crate::backend::{Backend, BackendError, ContextInfo, DevicePtr, StreamHandle};
-use crate::pool::thread_cache::with_thread;
 use crate::runtime::Runtime;
 use crate::stats::CupoolStats;
 use crate::status::CupoolStatus;
@@ -586,19 +585,16 @@ impl Replayer<'_> {
                 .map_err(|e| bad("freeing a live block", e))?;
             freed += 1;
         }
+        // This context's pool only: `Runtime::empty_cache` would also empty the pools of
+        // other replays running in the process, and change their figures.
+        let released = self
+            .rt
+            .empty_context_cache(self.ctx)
+            .map_err(|e| bad("empty_cache", e))?;
         let pool = self
             .rt
             .context_pool(self.ctx)
             .map_err(|e| bad("finding the pool", e))?;
-        // This context's pool only: `Runtime::empty_cache` would also empty the pools of
-        // other replays running in the process, and change their figures.
-        let released = with_thread(|ts, cache| {
-            if let Some(cache) = cache {
-                cache.flush_pool(pool.index);
-            }
-            pool.empty_cache(ts.counters(pool.index))
-        })
-        .map_err(|e| bad("empty_cache", e))?;
         Ok((freed, released, pool.reserved()))
     }
 }

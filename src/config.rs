@@ -48,6 +48,7 @@ pub enum Key {
     FenceSpareMax,
     GrowWaitUs,
     Vmm,
+    VmmChunk,
     HostAutoComplete,
     Verbose,
 }
@@ -55,7 +56,7 @@ pub enum Key {
 pub const BACKENDS: &[&str] = &["cuda", "host"];
 pub const VMM_MODES: &[&str] = &["off", "on"];
 
-pub static OPTIONS: [OptionDesc; 13] = [
+pub static OPTIONS: [OptionDesc; 14] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -130,7 +131,14 @@ pub static OPTIONS: [OptionDesc; 13] = [
         key: "vmm",
         default: "off",
         kind: ValueKind::Choice(VMM_MODES),
-        doc: "`on`: blocks above 1 MiB come from one reserved virtual address range per device, and only the 2 MiB granules under blocks in use (or cached and still mapped) are backed by physical memory (`cuMemCreate`/`cuMemMap`); idle granules move to where a block needs them (stitching), so the footprint follows the live bytes. It remaps on many misses, which costs time (docs/BENCHMARKS.md). `off`: plain segments. Read when a device's pool is created; where the device has no virtual memory management, `on` falls back to segments.",
+        doc: "`on`: blocks above 1 MiB come from one reserved virtual address range per device, and only the 2 MiB granules under blocks in use (or cached and still mapped) are backed by physical memory (`cuMemCreate`/`cuMemMap`, in pieces of up to `vmm_chunk`); idle pieces move to where a block needs them (stitching), so the footprint follows the live bytes. The moves cost driver calls, so step time can be above `off` (docs/BENCHMARKS.md). `off`: plain segments. Read when a device's pool is created; where the device has no virtual memory management, `on` falls back to segments.",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "vmm_chunk",
+        default: "8M",
+        kind: ValueKind::Bytes,
+        doc: "With `vmm:on`: the largest piece of physical memory created at once (one `cuMemCreate`, mapped and unmapped whole; rounded down to the 2 MiB granularity, at least one granule). The driver's cost is per call, not per byte, so larger pieces mean fewer calls, and smaller ones let idle memory move where it is needed in finer steps (docs/BENCHMARKS.md).",
         runtime: true,
     },
     OptionDesc {

@@ -93,7 +93,15 @@ pub fn write_stats_at_exit() {
         _ => format!("cupool: statistics at exit (pid {pid})\n"),
     };
     match runtime_if_started().map(|rt| rt.stats(None)) {
-        Some(Ok(stats)) => text.push_str(&stats.to_text()),
+        Some(Ok(stats)) => {
+            text.push_str(&stats.to_text());
+            for pool in Runtime::pools_of(None) {
+                let v = pool.vmm_stats();
+                if v.range_bytes > 0 {
+                    text.push_str(&v.to_line());
+                }
+            }
+        }
         Some(Err(status)) => {
             text.push_str(&format!("  statistics unavailable: {}\n", status.as_str()));
         }

@@ -100,8 +100,9 @@ impl FreeIndex {
     }
 
     /// Like [`FreeIndex::find`], but looks at up to `max` fitting blocks, smallest classes
-    /// first, and returns the one with the lowest `cost` (the first with cost 0 at once);
-    /// ties go to the block `find` would return.
+    /// first, and returns the one whose placement costs least (`place` gives a block's cost
+    /// and where in it the request would go), with that offset; the first with cost 0 wins
+    /// at once, and ties go to the block found first.
     ///
     /// # Safety
     /// Pool lock held.
@@ -110,12 +111,13 @@ impl FreeIndex {
         table: &BlockTable,
         size: u64,
         max: usize,
-        mut cost: impl FnMut(BlockIdx) -> u64,
-    ) -> Option<BlockIdx> {
+        mut place: impl FnMut(BlockIdx) -> (u64, u64),
+    ) -> Option<(BlockIdx, u64)> {
         let first = self.find(table, size)?;
-        let mut best = (cost(first), first);
-        if best.0 == 0 {
-            return Some(first);
+        let (cost, offset) = place(first);
+        let mut best = (cost, first, offset);
+        if cost == 0 {
+            return Some((first, offset));
         }
         let mut c = class_of(size);
         let mut seen = 0;
@@ -124,9 +126,9 @@ impl FreeIndex {
             while idx != NIL {
                 let d = table.get(idx).data();
                 if d.size >= size && idx != first {
-                    let k = cost(idx);
+                    let (k, offset) = place(idx);
                     if k < best.0 {
-                        best = (k, idx);
+                        best = (k, idx, offset);
                         if k == 0 {
                             break 'classes;
                         }
@@ -143,7 +145,7 @@ impl FreeIndex {
                 None => break,
             }
         }
-        Some(best.1)
+        Some((best.1, best.2))
     }
 
     /// First non-empty class strictly above `c`.

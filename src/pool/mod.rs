@@ -35,6 +35,7 @@
 
 pub mod address_map;
 mod alloc;
+pub mod arena;
 pub mod block;
 pub mod counters;
 mod fences;
@@ -201,7 +202,7 @@ struct Shared {
     segments: BTreeMap<u64, BlockIdx>,
     slow: SlowCounts,
     /// The VMM arena, while one is reserved (Note [vmm arena]).
-    arena: Option<vmm::Arena>,
+    arena: Option<arena::Arena>,
     /// Most bytes the arenas released since the last peak reset had mapped at once (the
     /// live arena keeps its own peak).
     mapped_peak: u64,

@@ -11,7 +11,7 @@ use crate::status::{CupoolStatus, Result};
 use core::sync::atomic::Ordering;
 
 /// Fitting free blocks of the arena compared for the fewest unmapped granules.
-const VMM_FIT_PROBES: usize = 16;
+const VMM_FIT_PROBES: usize = 64;
 
 impl DevicePool {
     /// Takes a free block of at least `req.size` from the shared index and splits it to
@@ -26,25 +26,32 @@ impl DevicePool {
         req: Request,
     ) -> Option<(BlockIdx, bool)> {
         let Request { size, kind, .. } = req;
-        let idx = match sh.arena.as_ref() {
-            // Note [vmm arena]: among a few fitting blocks, the one needing the fewest
+        let (mut idx, offset) = match sh.arena.as_ref() {
+            // Note [placement]: among the fitting blocks, the placement needing the fewest
             // granules mapped (a remap costs tens of µs on a GPU).
             Some(a) if kind == SegmentKind::Large => {
                 sh.large.find_cheapest(&BLOCKS, size, VMM_FIT_PROBES, |i| {
-                    let p = BLOCKS.get(i).data().ptr;
-                    if a.contains(p) {
-                        a.unmapped_count(p, size)
+                    let d = BLOCKS.get(i).data();
+                    if a.contains(d.ptr) {
+                        a.placement(d.ptr, d.size, size)
                     } else {
-                        0
+                        (0, 0)
                     }
                 })?
             }
-            _ => sh.index(kind).find(&BLOCKS, size)?,
+            _ => (sh.index(kind).find(&BLOCKS, size)?, 0),
         };
         sh.index(kind).remove(&BLOCKS, idx);
         // Taken: a remainder split off below must not merge back into it.
+        BLOCKS.get(idx).data().place = Place::Allocated;
+        if offset > 0 {
+            // The request goes further in: the free part before it stays in the index.
+            if let Some(rest) = self.split(sh, idx, offset, kind, Place::Allocated, false) {
+                self.insert_shared_as(sh, idx, false);
+                idx = rest;
+            }
+        }
         let d = BLOCKS.get(idx).data();
-        d.place = Place::Allocated;
         let in_arena = sh.in_arena(idx);
         if in_arena {
             // Note [vmm arena]: only the part handed out is pinned (a free block may be the

@@ -1,262 +1,105 @@
-//! Bookkeeping of the VMM arena (prototype, `vmm:on`): one reserved virtual address range
-//! per pool that large blocks are carved from, and which of its granules are backed by
-//! physical memory.
-//!
-//! Note [vmm arena]: the arena is a segment like the others (its blocks tile it, free
-//! neighbours merge, best fit through the shared large index), except that it is huge (4×
-//! the device's memory, at least 1 TiB) and only partly backed. Each granule (2 MiB, the
-//! backend's granularity) is mapped or not; blocks do not own granules, so neighbouring
-//! blocks share the granule at their boundary (no per-block rounding).
-//! - A granule is **pinned** while any block overlapping it is not `FreeShared`
-//!   (allocated, in a thread cache, on a stream's list, awaiting a fence): `pins[g]` counts
-//!   those blocks. A pinned granule is always mapped and is never unmapped: work may still
-//!   use it.
-//! - A mapped granule with no pin lies wholly inside one free shared block (shared free
-//!   neighbours merge), whose fence has completed: it is **stealable**. A block handed out
-//!   over unmapped granules takes physical memory from the idle list, else unmaps a
-//!   stealable granule and maps its memory where it is needed (stitching), else creates
-//!   new physical memory within the limit. So the footprint follows the live bytes, not
-//!   the history of sizes.
-//! - Pins change only where a block crosses the shared boundary: taken from the shared
-//!   index (the whole block is pinned before it is split, the remainder unpins itself when
-//!   it goes back), given to it (`insert_shared` unpins the incoming block before merging),
-//!   and when a block outside it is split (the boundary granule gains a pin).
-//! - Reserved bytes are physical memory held (mapped plus idle granules).
+//! The VMM arena's driver side (`vmm:on`): reserving the arena, backing blocks with
+//! physical memory, releasing it, and granting peers access. The bookkeeping, and the
+//! notes on how the arena works, are in `arena.rs` (Note [vmm arena], Note [chunks]).
 //!
 //! Mapping and unmapping happen with the pool's `events` mutex held (the lock held across
 //! backend calls), never the spin lock, and never while a capture is active.
 
+use super::arena::{Arena, Step, Taken, ARENA_MIN, ARENA_PER_DEVICE_BYTE};
 use super::block::{BlockData, BlockIdx, Place, SegmentKind};
 use super::counters::{Level, ThreadCounters};
 use super::size_class::ALIGNMENT;
 use super::{address_map, DevicePool, Request, ADDRESSES, BACKEND_OFF, BLOCKS};
 use crate::backend::BackendError;
+use crate::config::{self, Key};
 use crate::status::{CupoolStatus, Result};
 use core::sync::atomic::Ordering;
-use std::collections::BTreeSet;
-use std::ops::RangeInclusive;
 
-/// The arena reserves this many bytes of address space per byte of device memory...
-const ARENA_PER_DEVICE_BYTE: u64 = 4;
-/// ...and at least this many (address space costs nothing until mapped).
-const ARENA_MIN: u64 = 1 << 40;
+/// Chunk id of memory created by the call at hand ([`Outcome::apply`] gives it one).
+const NEW: u32 = u32::MAX;
 
-pub struct Arena {
-    pub base: u64,
-    pub size: u64,
-    pub granule: u64,
-    /// Physical handle mapped at each granule, 0 when none.
-    handles: Vec<u64>,
-    /// Blocks not in the shared index overlapping each granule.
-    pins: Vec<u32>,
-    /// Granules mapped and not pinned.
-    stealable: BTreeSet<u32>,
-    /// Physical memory held but mapped nowhere.
-    pub idle: Vec<u64>,
-    /// Granules mapped now.
-    pub mapped: u64,
-    /// Most granules mapped at once since the arena was reserved or the peaks were reset.
-    pub mapped_peak: u64,
-    /// Counters: granule maps and unmaps done for this arena.
-    pub maps: u64,
-    pub unmaps: u64,
+/// A chunk in an [`Outcome`]: its id, or `NEW` with the handle and granules of memory just
+/// created.
+type ChunkRef = (u32, Option<(u64, u32)>);
+
+/// What the driver calls of one map or release did, applied to the arena's books in one
+/// go under the pool lock.
+#[derive(Default)]
+struct Outcome {
+    /// Chunks mapped now: (id, or `NEW` with handle and granules; first granule).
+    mapped: Vec<(ChunkRef, usize)>,
+    /// Chunks held and mapped nowhere.
+    idle: Vec<ChunkRef>,
+    /// Taken chunks no call changed: back where they were.
+    untouched: Vec<Taken>,
+    /// Chunks whose memory was released.
+    dropped: Vec<u32>,
+    /// Granules created and released, and the calls that took.
+    created: u64,
+    creates: u64,
+    released: u64,
+    releases: u64,
+    map_calls: u64,
+    unmap_calls: u64,
+    unmapped: u64,
+    /// Time in the calls, as `Arena::call_ns`.
+    call_ns: [u64; 4],
 }
 
-impl Arena {
-    pub fn new(base: u64, size: u64, granule: u64) -> Self {
-        let n = (size / granule) as usize;
-        Arena {
-            base,
-            size,
-            granule,
-            handles: vec![0; n],
-            pins: vec![0; n],
-            stealable: BTreeSet::new(),
-            idle: Vec::new(),
-            mapped: 0,
-            mapped_peak: 0,
-            maps: 0,
-            unmaps: 0,
-        }
+/// Indices of `Arena::call_ns`.
+const CREATE: usize = 0;
+const MAP: usize = 1;
+const UNMAP: usize = 2;
+const RELEASE: usize = 3;
+
+/// Runs one driver call, adding its time to `out.call_ns[kind]`.
+fn timed<T>(out: &mut Outcome, kind: usize, call: impl FnOnce() -> T) -> T {
+    let start = std::time::Instant::now();
+    let r = call();
+    out.call_ns[kind] += start.elapsed().as_nanos() as u64;
+    r
+}
+
+impl Outcome {
+    fn note_created(&mut self, granules: u32) {
+        self.created += granules as u64;
+        self.creates += 1;
     }
 
-    #[inline]
-    pub fn contains(&self, ptr: u64) -> bool {
-        ptr >= self.base && ptr - self.base < self.size
-    }
-
-    /// Granules overlapping `[ptr, ptr + size)`.
-    #[inline]
-    pub fn granules(&self, ptr: u64, size: u64) -> RangeInclusive<usize> {
-        let first = (ptr - self.base) / self.granule;
-        let last = (ptr + size - 1 - self.base) / self.granule;
-        first as usize..=last as usize
-    }
-
-    #[inline]
-    pub fn address(&self, g: usize) -> u64 {
-        self.base + g as u64 * self.granule
-    }
-
-    /// Physical memory held: mapped and idle granules.
-    pub fn held(&self) -> u64 {
-        self.mapped + self.idle.len() as u64
-    }
-
-    pub fn pin_one(&mut self, g: usize) {
-        if self.pins[g] == 0 && self.handles[g] != 0 {
-            self.stealable.remove(&(g as u32));
-        }
-        self.pins[g] += 1;
-    }
-
-    pub fn unpin_one(&mut self, g: usize) {
-        debug_assert!(self.pins[g] > 0, "granule {g} unpinned below zero");
-        self.pins[g] -= 1;
-        if self.pins[g] == 0 && self.handles[g] != 0 {
-            self.stealable.insert(g as u32);
-        }
-    }
-
-    pub fn pin(&mut self, ptr: u64, size: u64) {
-        for g in self.granules(ptr, size) {
-            self.pin_one(g);
-        }
-    }
-
-    pub fn unpin(&mut self, ptr: u64, size: u64) {
-        for g in self.granules(ptr, size) {
-            self.unpin_one(g);
-        }
-    }
-
-    /// A block outside the shared index was split at `at`: the granule holding the
-    /// boundary now overlaps two such blocks.
-    pub fn split_at(&mut self, at: u64) {
-        if (at - self.base) % self.granule != 0 {
-            let g = ((at - self.base) / self.granule) as usize;
-            self.pin_one(g);
-        }
-    }
-
-    /// Two blocks outside the shared index that meet at `at` became one: the inverse of
-    /// [`Arena::split_at`].
-    pub fn merge_at(&mut self, at: u64) {
-        if (at - self.base) % self.granule != 0 {
-            let g = ((at - self.base) / self.granule) as usize;
-            self.unpin_one(g);
-        }
-    }
-
-    /// Unmapped granules under `[ptr, ptr + size)`.
-    pub fn unmapped(&self, ptr: u64, size: u64) -> Vec<usize> {
-        self.granules(ptr, size)
-            .filter(|&g| self.handles[g] == 0)
-            .collect()
-    }
-
-    pub fn unmapped_count(&self, ptr: u64, size: u64) -> u64 {
-        self.granules(ptr, size)
-            .filter(|&g| self.handles[g] == 0)
-            .count() as u64
-    }
-
-    pub fn all_mapped(&self, ptr: u64, size: u64) -> bool {
-        self.granules(ptr, size).all(|g| self.handles[g] != 0)
-    }
-
-    pub fn stealable_count(&self) -> usize {
-        self.stealable.len()
-    }
-
-    /// Takes a stealable granule (the highest: far from where the arena carves first),
-    /// marking it unmapped; returns it and its handle. The caller unmaps it.
-    pub fn steal(&mut self) -> Option<(usize, u64)> {
-        let g = self.stealable.pop_last()? as usize;
-        let h = core::mem::replace(&mut self.handles[g], 0);
-        self.mapped -= 1;
-        Some((g, h))
-    }
-
-    /// Records that `handle` is now mapped at granule `g`.
-    pub fn set_mapped(&mut self, g: usize, handle: u64) {
-        debug_assert_eq!(self.handles[g], 0);
-        self.handles[g] = handle;
-        self.mapped += 1;
-        self.mapped_peak = self.mapped_peak.max(self.mapped);
-        if self.pins[g] == 0 {
-            self.stealable.insert(g as u32);
-        }
-    }
-
-    /// Bytes of the free shared block `[ptr, ptr + size)` that lie in pinned granules (mapped,
-    /// and not releasable while a block outside the shared index touches them). Only its
-    /// end granules can be pinned: a granule wholly inside one free shared block has no pin.
-    pub fn pinned_ends(&self, ptr: u64, size: u64) -> u64 {
-        let r = self.granules(ptr, size);
-        let (first, last) = (*r.start(), *r.end());
-        let overlap = |g: usize| {
-            let start = self.address(g).max(ptr);
-            let end = (self.address(g) + self.granule).min(ptr + size);
-            end - start
+    fn apply(self, a: &mut Arena) {
+        let id_of = |a: &mut Arena, id: u32, new: Option<(u64, u32)>| match new {
+            Some((handle, len)) => a.new_chunk(handle, len),
+            None => id,
         };
-        let mut bytes = 0;
-        if self.pins[first] > 0 {
-            bytes += overlap(first);
+        for ((id, new), at) in self.mapped {
+            let id = id_of(a, id, new);
+            a.maps += a.chunk_len(id) as u64;
+            a.record_mapped(id, at);
         }
-        if last != first && self.pins[last] > 0 {
-            bytes += overlap(last);
+        for (id, new) in self.idle {
+            let id = id_of(a, id, new);
+            a.record_idle(id);
         }
-        bytes
+        for t in self.untouched {
+            restore(a, t);
+        }
+        for id in self.dropped {
+            a.drop_chunk(id);
+        }
+        a.map_calls += self.map_calls;
+        a.unmap_calls += self.unmap_calls;
+        a.unmaps += self.unmapped;
+        for (total, ns) in a.call_ns.iter_mut().zip(self.call_ns) {
+            *total += ns;
+        }
     }
+}
 
-    /// Checks pins against what the blocks imply (`expected`, one count per granule), and
-    /// that the stealable set and counters agree with the granule table.
-    pub fn check(&self, expected: &[u32]) -> core::result::Result<(), String> {
-        let mut mapped = 0;
-        for (g, &want) in expected.iter().enumerate().take(self.handles.len()) {
-            if self.pins[g] != want {
-                return Err(format!(
-                    "arena granule {g}: {} pins, blocks imply {want}",
-                    self.pins[g]
-                ));
-            }
-            let is_mapped = self.handles[g] != 0;
-            mapped += is_mapped as u64;
-            if self.pins[g] > 0 && !is_mapped {
-                return Err(format!("arena granule {g}: in use but not mapped"));
-            }
-            if self.stealable.contains(&(g as u32)) != (is_mapped && self.pins[g] == 0) {
-                return Err(format!("arena granule {g}: stealable set disagrees"));
-            }
-        }
-        if mapped != self.mapped {
-            return Err(format!(
-                "arena: {} granules mapped, counter says {}",
-                mapped, self.mapped
-            ));
-        }
-        Ok(())
-    }
-
-    pub fn granule_count(&self) -> usize {
-        self.handles.len()
-    }
-
-    /// The mapped parts of the arena, as (address, bytes) runs of adjacent mapped granules.
-    pub fn mapped_runs(&self) -> Vec<(u64, u64)> {
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for (g, &h) in self.handles.iter().enumerate() {
-            if h == 0 {
-                continue;
-            }
-            let at = self.address(g);
-            match runs.last_mut() {
-                Some((start, len)) if *start + *len == at => *len += self.granule,
-                _ => runs.push((at, self.granule)),
-            }
-        }
-        runs
+/// Puts a taken chunk back where it was.
+fn restore(a: &mut Arena, t: Taken) {
+    match t.was_at {
+        Some(at) => a.record_mapped(t.id, at),
+        None => a.record_idle(t.id),
     }
 }
 
@@ -335,9 +178,9 @@ impl DevicePool {
     }
 
     /// Maps every unmapped granule under the arena block `idx` (taken by the caller, so
-    /// pinned): from idle physical memory, else by unmapping stealable granules, else (with
-    /// `may_create`) with new physical memory within the limit. On failure what was mapped
-    /// stays mapped (it is stealable once the caller puts the block back).
+    /// pinned), run by run, from idle chunks, stolen chunks, re-cut chunks, else (with
+    /// `may_create`) new memory within the limit (Note [chunks]). On failure what was
+    /// mapped stays mapped (it is stealable once the caller puts the block back).
     pub(super) fn map_arena_block(
         &self,
         c: &ThreadCounters,
@@ -351,7 +194,6 @@ impl DevicePool {
             return Err(CupoolStatus::CupoolErrorBackendUnavailable);
         }
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        let ctx = self.ctx.id;
         // SAFETY: the caller owns `idx`; its range does not change meanwhile.
         let (ptr, size) = unsafe {
             let d = BLOCKS.get(idx).data();
@@ -359,7 +201,7 @@ impl DevicePool {
         };
         // Plan under the pool lock; other threads map only with `events` held, so the
         // plan stays valid while the calls run.
-        let (base, g, todo, mut handles, victims, create_n) = {
+        let (g, steps, create_bytes) = {
             let mut sh = self.shared.lock();
             let reserved = sh.reserved;
             let a = sh.arena.as_mut().expect("arena block without an arena");
@@ -367,155 +209,239 @@ impl DevicePool {
             if todo.is_empty() {
                 return Ok(());
             }
-            let n = todo.len();
-            let from_idle = n.min(a.idle.len());
             let g = a.granule;
-            let need = n - from_idle;
-            let stealable = a.stealable_count();
-            // Every stealable granule is taken before new memory is created: keeping some
-            // back for reuse did not pay (docs/BENCHMARKS.md, rejected attempts); Note
-            // [remap last] in the pool module is what keeps remaps down.
             let limit = self.limit();
-            let fits = |create: usize| limit == 0 || reserved + create as u64 * g <= limit;
-            let (from_steal, create_n) = if need <= stealable {
-                (need, 0)
-            } else if may_create && fits(need - stealable) {
-                (stealable, need - stealable)
-            } else {
-                return Err(CupoolStatus::CupoolErrorOutOfMemory);
+            let mut create = match (may_create, limit) {
+                (false, _) => 0,
+                (true, 0) => u64::MAX,
+                (true, l) => l.saturating_sub(reserved) / g,
             };
-            let create_n = create_n as u64;
-            let handles = a.idle.split_off(a.idle.len() - from_idle);
-            let victims: Vec<(usize, u64)> = (0..from_steal).map(|_| a.steal().unwrap()).collect();
-            let base = a.base;
-            // New memory counts against the limit from now on.
-            sh.reserved += create_n * g;
-            (base, g, todo, handles, victims, create_n)
-        };
-        let addr = |gr: usize| base + gr as u64 * g;
-        let mut failed: Option<BackendError> = None;
-        let mut still_mapped = Vec::new();
-        for &(vg, h) in &victims {
-            match self.backend.unmap_physical(ctx, addr(vg), g) {
-                Ok(()) => handles.push(h),
-                Err(e) => {
-                    crate::log::warn(&format!("cupool: unmapping a granule failed: {e:?}"));
-                    still_mapped.push((vg, h));
-                }
-            }
-        }
-        let mut created = 0;
-        for _ in 0..create_n {
-            match self.backend.create_physical(ctx, g) {
-                Ok(h) => {
-                    handles.push(h);
-                    created += 1;
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        let mut mapped = Vec::with_capacity(todo.len());
-        if failed.is_none() {
-            for &tg in &todo {
-                let Some(h) = handles.pop() else {
-                    failed = Some(BackendError::OutOfMemory);
-                    break;
-                };
-                match self.backend.map_physical(ctx, addr(tg), g, h) {
-                    Ok(()) => mapped.push((tg, h)),
-                    Err(e) => {
-                        handles.push(h);
-                        failed = Some(e);
-                        break;
+            let allowed = create;
+            // Note [chunks]: the `vmm_chunk` option, in granules.
+            let max_chunk = (config::get(Key::VmmChunk) / g).clamp(1, u32::MAX as u64) as u32;
+            let mut steps = Vec::new();
+            for run in todo.chunk_by(|x, y| *x + 1 == *y) {
+                match a.plan_run(run[0], run.len(), &mut create, max_chunk) {
+                    Some(s) => steps.extend(s),
+                    None => {
+                        // Give back what earlier runs took; nothing was called yet.
+                        for step in steps {
+                            if let Step::Map { chunk, .. } | Step::Recut { chunk, .. } = step {
+                                restore(a, chunk);
+                            }
+                        }
+                        return Err(CupoolStatus::CupoolErrorOutOfMemory);
                     }
                 }
             }
+            // New memory counts against the limit from now on.
+            let create_bytes = (allowed - create) * g;
+            sh.reserved += create_bytes;
+            (g, steps, create_bytes)
+        };
+        let mut outcome = Outcome::default();
+        let mut failed: Option<BackendError> = None;
+        let net = |o: &Outcome| o.created as i64 - o.released as i64;
+        for step in steps {
+            if failed.is_some() {
+                // Not started: chunks go back where they were, or idle once unmapped.
+                if let Step::Map { chunk, .. } | Step::Recut { chunk, .. } = step {
+                    outcome.untouched.push(chunk);
+                }
+                continue;
+            }
+            if let Err(e) = self.run_step(step, g, &mut outcome) {
+                failed = Some(e);
+            }
         }
-        let complete = mapped.len() == todo.len();
+        let complete = failed.is_none();
+        let net = net(&outcome);
         {
             let mut sh = self.shared.lock();
-            sh.reserved -= (create_n - created) * g;
+            // Planned creations were counted already; re-cuts release and create.
+            sh.reserved = sh.reserved - create_bytes + outcome.created * g - outcome.released * g;
             sh.reserved_peak = sh.reserved_peak.max(sh.reserved);
-            sh.slow.device_allocs += created;
+            sh.slow.device_allocs += outcome.creates;
+            sh.slow.device_frees += outcome.releases;
             let a = sh.arena.as_mut().unwrap();
-            a.unmaps += (victims.len() - still_mapped.len()) as u64;
-            a.maps += mapped.len() as u64;
-            for (gr, h) in still_mapped.into_iter().chain(mapped) {
-                a.set_mapped(gr, h);
-            }
-            a.idle.extend(handles);
+            outcome.apply(a);
         }
-        if created > 0 && c.raise(Level::Cached, created * g, self.peak_epoch()).0 {
+        if net > 0 && c.raise(Level::Cached, net as u64 * g, self.peak_epoch()).0 {
             self.update_peak(Level::Cached);
+        } else if net < 0 {
+            c.lower(Level::Cached, (-net) as u64 * g);
         }
-        match (complete, failed) {
-            (true, _) => Ok(()),
-            (false, Some(BackendError::OutOfMemory)) | (false, None) => {
-                Err(CupoolStatus::CupoolErrorOutOfMemory)
-            }
-            (false, Some(e)) => {
-                crate::log::info(&format!("cupool: mapping a granule failed: {e:?}"));
+        match failed {
+            None => Ok(()),
+            Some(BackendError::OutOfMemory) => Err(CupoolStatus::CupoolErrorOutOfMemory),
+            Some(e) => {
+                debug_assert!(!complete);
+                crate::log::info(&format!("cupool: mapping arena memory failed: {e:?}"));
                 Err(e.into())
             }
         }
     }
 
-    /// Unmaps every granule wholly inside a free shared block of the arena and releases
-    /// all idle physical memory; frees the reservation when nothing is left in it.
-    /// Returns the bytes released.
+    /// Makes the driver calls of one planned step, noting what became of each chunk.
+    fn run_step(
+        &self,
+        step: Step,
+        g: u64,
+        out: &mut Outcome,
+    ) -> core::result::Result<(), BackendError> {
+        let ctx = self.ctx.id;
+        let base = self.arena_base();
+        let addr = |gr: usize| base + gr as u64 * g;
+        match step {
+            Step::Map { chunk, at } => {
+                let chunk = self.unmap_taken(chunk, g, out)?;
+                let bytes = chunk.len as u64 * g;
+                match timed(out, MAP, || {
+                    self.backend
+                        .map_physical(ctx, addr(at), bytes, chunk.handle)
+                }) {
+                    Ok(()) => {
+                        out.map_calls += 1;
+                        out.mapped.push(((chunk.id, None), at));
+                        Ok(())
+                    }
+                    Err(e) => {
+                        out.idle.push((chunk.id, None));
+                        Err(e)
+                    }
+                }
+            }
+            Step::Recut { chunk, len, at } => {
+                let chunk = self.unmap_taken(chunk, g, out)?;
+                if let Err(e) = timed(out, RELEASE, || {
+                    self.backend.release_physical(ctx, chunk.handle)
+                }) {
+                    out.idle.push((chunk.id, None));
+                    return Err(e);
+                }
+                out.releases += 1;
+                out.released += chunk.len as u64;
+                out.dropped.push(chunk.id);
+                // The rest first: if the driver has less than before (another process
+                // took it meanwhile), the run fails rather than the memory held shrinking.
+                let rest = chunk.len - len;
+                let rest_handle = timed(out, CREATE, || {
+                    self.backend.create_physical(ctx, rest as u64 * g)
+                })?;
+                out.note_created(rest);
+                out.idle.push((NEW, Some((rest_handle, rest))));
+                self.create_and_map(len, at, g, out)
+            }
+            Step::Create { len, at } => self.create_and_map(len, at, g, out),
+        }
+    }
+
+    fn create_and_map(
+        &self,
+        len: u32,
+        at: usize,
+        g: u64,
+        out: &mut Outcome,
+    ) -> core::result::Result<(), BackendError> {
+        let ctx = self.ctx.id;
+        let bytes = len as u64 * g;
+        let handle = timed(out, CREATE, || self.backend.create_physical(ctx, bytes))?;
+        out.note_created(len);
+        let ptr = self.arena_base() + at as u64 * g;
+        match timed(out, MAP, || {
+            self.backend.map_physical(ctx, ptr, bytes, handle)
+        }) {
+            Ok(()) => {
+                out.map_calls += 1;
+                out.mapped.push(((NEW, Some((handle, len))), at));
+                Ok(())
+            }
+            Err(e) => {
+                out.idle.push((NEW, Some((handle, len))));
+                Err(e)
+            }
+        }
+    }
+
+    /// Unmaps a stolen chunk (an idle one passes through). A chunk that will not unmap
+    /// stays mapped where it was.
+    fn unmap_taken(
+        &self,
+        chunk: Taken,
+        g: u64,
+        out: &mut Outcome,
+    ) -> core::result::Result<Taken, BackendError> {
+        let Some(was) = chunk.was_at else {
+            return Ok(chunk);
+        };
+        let at = self.arena_base() + was as u64 * g;
+        let bytes = chunk.len as u64 * g;
+        match timed(out, UNMAP, || {
+            self.backend.unmap_physical(self.ctx.id, at, bytes)
+        }) {
+            Ok(()) => {
+                out.unmap_calls += 1;
+                out.unmapped += chunk.len as u64;
+                Ok(Taken {
+                    was_at: None,
+                    ..chunk
+                })
+            }
+            Err(e) => {
+                crate::log::warn(&format!("cupool: unmapping arena memory failed: {e:?}"));
+                out.untouched.push(chunk);
+                Err(e)
+            }
+        }
+    }
+
+    fn arena_base(&self) -> u64 {
+        self.shared.lock().arena.as_ref().map_or(0, |a| a.base)
+    }
+
+    /// Unmaps every chunk wholly inside a free shared block of the arena and releases all
+    /// idle physical memory; frees the reservation when nothing is left in it. Returns the
+    /// bytes released.
     pub(super) fn release_arena(&self, c: &ThreadCounters) -> u64 {
         if !self.may_order() || self.shared.lock().arena.is_none() {
             return 0;
         }
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let ctx = self.ctx.id;
-        let Some((base, g, victims, idle)) = ({
+        let Some((g, taken)) = ({
             let mut sh = self.shared.lock();
-            sh.arena.as_mut().map(|a| {
-                let mut victims = Vec::new();
-                while let Some(v) = a.steal() {
-                    victims.push(v);
-                }
-                (a.base, a.granule, victims, core::mem::take(&mut a.idle))
-            })
+            sh.arena.as_mut().map(|a| (a.granule, a.take_all_unused()))
         }) else {
             return 0;
         };
-        let mut to_release = idle;
-        let mut still_mapped = Vec::new();
-        let mut unmapped = 0;
-        for (vg, h) in victims {
-            match self.backend.unmap_physical(ctx, base + vg as u64 * g, g) {
+        let mut out = Outcome::default();
+        for chunk in taken {
+            let Ok(chunk) = self.unmap_taken(chunk, g, &mut out) else {
+                continue;
+            };
+            match timed(&mut out, RELEASE, || {
+                self.backend.release_physical(ctx, chunk.handle)
+            }) {
                 Ok(()) => {
-                    to_release.push(h);
-                    unmapped += 1;
+                    out.releases += 1;
+                    out.released += chunk.len as u64;
+                    out.dropped.push(chunk.id);
                 }
                 Err(e) => {
-                    crate::log::warn(&format!("cupool: unmapping a granule failed: {e:?}"));
-                    still_mapped.push((vg, h));
+                    // Never seen from CUDA; the memory stays in the pool's books.
+                    crate::log::warn(&format!("cupool: releasing arena memory failed: {e:?}"));
+                    out.idle.push((chunk.id, None));
                 }
             }
         }
-        for &h in &to_release {
-            if let Err(e) = self.backend.release_physical(ctx, h) {
-                // The memory is gone from the pool either way; report it.
-                crate::log::warn(&format!("cupool: releasing a granule failed: {e:?}"));
-            }
-        }
-        let released = to_release.len() as u64 * g;
+        let released = out.released * g;
         let free_range = {
             let mut sh = self.shared.lock();
             sh.reserved -= released;
-            sh.slow.device_frees += to_release.len() as u64;
+            sh.slow.device_frees += out.releases;
             let a = sh.arena.as_mut().unwrap();
-            a.unmaps += unmapped;
-            for (vg, h) in still_mapped {
-                a.set_mapped(vg, h);
-            }
-            let (held, size) = (a.held(), a.size);
+            out.apply(a);
+            let (held, size, base) = (a.held(), a.size, a.base);
             // SAFETY: pool lock held.
             unsafe {
                 let head = sh.segments.get(&base).copied();
@@ -532,10 +458,10 @@ impl DevicePool {
                         let a = sh.arena.take().unwrap();
                         sh.mapped_peak = sh.mapped_peak.max(a.mapped_peak * a.granule);
                         crate::log::info(&format!(
-                            "cupool: device {}: VMM arena released ({} granule maps, {} unmaps)",
-                            self.ctx.device, a.maps, a.unmaps
+                            "cupool: device {}: VMM arena released ({} granules mapped in {} calls, {} unmapped in {})",
+                            self.ctx.device, a.maps, a.map_calls, a.unmaps, a.unmap_calls
                         ));
-                        Some(size)
+                        Some((base, size))
                     }
                     _ => None,
                 }
@@ -544,7 +470,7 @@ impl DevicePool {
         if released > 0 {
             c.lower(Level::Cached, released);
         }
-        if let Some(size) = free_range {
+        if let Some((base, size)) = free_range {
             if let Err(e) = self.backend.free_range(ctx, base, size) {
                 crate::log::warn(&format!("cupool: freeing the arena's range failed: {e:?}"));
             }
@@ -588,9 +514,13 @@ impl DevicePool {
         if let Some(a) = sh.arena.as_ref() {
             s.range_bytes = a.size;
             s.mapped_bytes = a.mapped * a.granule;
-            s.idle_bytes = a.idle.len() as u64 * a.granule;
+            s.idle_bytes = a.idle_granules() * a.granule;
             s.maps = a.maps;
             s.unmaps = a.unmaps;
+            s.map_calls = a.map_calls;
+            s.unmap_calls = a.unmap_calls;
+            (s.mapped_chunks, s.held_chunks) = a.chunk_counts();
+            s.call_ns = a.call_ns;
         }
         s
     }
@@ -605,42 +535,36 @@ pub struct VmmStats {
     pub range_bytes: u64,
     pub mapped_bytes: u64,
     pub idle_bytes: u64,
+    /// Granules mapped and unmapped, and the driver calls those took (Note [chunks]).
     pub maps: u64,
     pub unmaps: u64,
+    pub map_calls: u64,
+    pub unmap_calls: u64,
+    /// Pieces of physical memory mapped now and held (Note [chunks]).
+    pub mapped_chunks: u64,
+    pub held_chunks: u64,
+    /// Time in the driver's VMM calls (ns): create, map with its access grant, unmap,
+    /// release.
+    pub call_ns: [u64; 4],
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const G: u64 = 2 << 20;
-
-    #[test]
-    fn pins_and_stealing() {
-        let mut a = Arena::new(G * 10, 8 * G, G);
-        // A block over granules 0..=1 (3 MiB), mapped.
-        a.pin(a.base, 3 << 20);
-        for g in a.unmapped(a.base, 3 << 20) {
-            a.set_mapped(g, g as u64 + 1);
-        }
-        assert_eq!(a.mapped, 2);
-        assert_eq!(a.stealable_count(), 0);
-        // A neighbour sharing granule 1.
-        a.pin(a.base + (3 << 20), 2 << 20);
-        assert_eq!(a.unmapped(a.base + (3 << 20), 2 << 20), vec![2]);
-        a.set_mapped(2, 100);
-        // The first block goes back: granule 0 is stealable, 1 is still pinned.
-        a.unpin(a.base, 3 << 20);
-        assert_eq!(a.stealable_count(), 1);
-        assert_eq!(a.steal(), Some((0, 1)));
-        assert_eq!(a.mapped, 2);
-        let mut expected = vec![0; 8];
-        expected[1] = 1;
-        expected[2] = 1;
-        a.check(&expected).unwrap();
-        a.split_at(a.base + (4 << 20)); // granule-aligned: no new pin
-        a.split_at(a.base + (4 << 20) + 512);
-        expected[2] = 2;
-        a.check(&expected).unwrap();
+impl VmmStats {
+    /// One line for the exit summary.
+    pub fn to_line(&self) -> String {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        format!(
+            "  vmm: {} MiB mapped in {} chunks ({} held); {} granules mapped in {} calls, {} unmapped in {} calls; driver time: create {:.1} ms, map {:.1} ms, unmap {:.1} ms, release {:.1} ms\n",
+            self.mapped_bytes >> 20,
+            self.mapped_chunks,
+            self.held_chunks,
+            self.maps,
+            self.map_calls,
+            self.unmaps,
+            self.unmap_calls,
+            ms(self.call_ns[0]),
+            ms(self.call_ns[1]),
+            ms(self.call_ns[2]),
+            ms(self.call_ns[3]),
+        )
     }
 }

@@ -128,6 +128,9 @@ pub struct ReplayReport {
     /// of tens of µs on a GPU).
     pub granule_maps: u64,
     pub granule_unmaps: u64,
+    /// Driver calls those took (map with its access grant; unmap).
+    pub map_calls: u64,
+    pub unmap_calls: u64,
     /// With a simulated GPU lag: microseconds of trace time the program would have spent
     /// waiting for fences (the pool's waits before growing, out-of-memory retries).
     pub simulated_wait_us: u64,
@@ -236,6 +239,8 @@ pub fn replay(
         simulated_wait_us,
         granule_maps: vmm.maps,
         granule_unmaps: vmm.unmaps,
+        map_calls: vmm.map_calls,
+        unmap_calls: vmm.unmap_calls,
         reference: trace.reference,
         series: std::mem::take(&mut r.series),
         live_at_end,

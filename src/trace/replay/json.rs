@@ -44,13 +44,15 @@ impl ReplayReport {
         );
         let _ = write!(
             o,
-            ",\"utilization\":{},\"requested_utilization\":{},\"wall_seconds\":{:.6},\"simulated_wait_us\":{},\"granule_maps\":{},\"granule_unmaps\":{}",
+            ",\"utilization\":{},\"requested_utilization\":{},\"wall_seconds\":{:.6},\"simulated_wait_us\":{},\"granule_maps\":{},\"granule_unmaps\":{},\"map_calls\":{},\"unmap_calls\":{}",
             ratio(self.utilization),
             ratio(self.requested_utilization),
             self.wall_seconds,
             self.simulated_wait_us,
             self.granule_maps,
-            self.granule_unmaps
+            self.granule_unmaps,
+            self.map_calls,
+            self.unmap_calls
         );
         match self.reference {
             Some(r) => {

@@ -10,7 +10,13 @@ use std::path::{Path, PathBuf};
 /// The files that declare everything the header shows: the exports, the status enum and
 /// the stats struct. Parsing only these (not the whole crate) keeps unrelated `pub const`s
 /// of the pool out of the public header.
-const HEADER_SOURCES: [&str; 3] = ["src/ffi.rs", "src/status.rs", "src/stats.rs"];
+const HEADER_SOURCES: [&str; 5] = [
+    "src/ffi.rs",
+    "src/ffi/device.rs",
+    "src/ffi/torch.rs",
+    "src/status.rs",
+    "src/stats.rs",
+];
 
 fn main() {
     let manifest_dir =

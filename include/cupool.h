@@ -403,6 +403,145 @@ const char *cupool_version(void);
  */
 int cupool_interposition_active(void);
 
+/**
+ * Allocates `size` bytes in stream order on `stream` for device `device` (an ordinal, not
+ * -1), as `cupool_alloc_async` does for the current device. When the calling thread's
+ * current context is on `device` (the usual case: the CUDA runtime made it current) the
+ * block comes from that context; otherwise from `device`'s primary context, and then a
+ * default-stream handle (NULL, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`), which would
+ * name a stream of another context, gives a block with no pending work that any stream
+ * of `device` may use at once.
+ *
+ * `ptr_out` must not be NULL and is written only on success. `size` 0:
+ * `CUPOOL_ERROR_INVALID_VALUE`; a negative or too large `device`:
+ * `CUPOOL_ERROR_INVALID_DEVICE`; no room after releasing idle cached memory:
+ * `CUPOOL_ERROR_OUT_OF_MEMORY`. Free the block once, with `cupool_free_async` (on the
+ * stream that last used it) or `cupool_free`.
+ *
+ * # Safety
+ * `ptr_out` is NULL or valid for writing one pointer; `stream` is NULL, a special handle
+ * or a live stream of `device`.
+ */
+cupool_status cupool_alloc_async_device(void **ptr_out, size_t size, int device, struct CUstream_st *stream);
+
+/**
+ * Writes the free and total bytes of `device` (an ordinal), as the driver reports them
+ * (`cuMemGetInfo` in `device`'s primary context; the host backend's simulated capacity),
+ * to `*free_out` and `*total_out`. Either may be NULL. Memory cupool caches counts as
+ * used here.
+ *
+ * # Safety
+ * `free_out` and `total_out` are NULL or valid for a write.
+ */
+cupool_status cupool_mem_get_info(int device, size_t *free_out, size_t *total_out);
+
+/**
+ * Writes the start and size of the segment (the driver allocation the pool carved it
+ * from) that holds the live block containing `ptr` (interior pointers included) to
+ * `*base_out` and `*size_out`; either may be NULL. A pointer in no live cupool block:
+ * `CUPOOL_ERROR_INVALID_POINTER`.
+ *
+ * # Safety
+ * Any `ptr` value may be passed (it is looked up, never dereferenced); `base_out` and
+ * `size_out` are NULL or valid for a write.
+ */
+cupool_status cupool_segment_of(const void *ptr, void **base_out, size_t *size_out);
+
+/**
+ * Writes the pool's segments on `device` (-1: all devices) and the blocks that tile each
+ * of them, as one JSON object and a NUL, into `buf`, which the caller owns:
+ * `{"segments": [{"device", "address", "total_size", "allocated_size", "requested_size",
+ * "stream", "segment_type" ("small"/"large"), "is_expandable", "blocks": [{"address",
+ * "size", "requested_size", "state", "stream"}]}]}`, in address order, with the names of
+ * PyTorch's memory snapshots. `state` is `"active_allocated"` for a block the program
+ * holds and `"inactive"` for a free one (also one that waits for its fence); addresses
+ * and streams are numbers. Each block is read consistently, the whole layout is not
+ * (other threads keep allocating while it is read).
+ *
+ * Buffer rules as for `cupool_stats_json`; since the layout can grow between two calls,
+ * ask for the size, then pass a larger buffer and retry on
+ * `CUPOOL_ERROR_BUFFER_TOO_SMALL`.
+ *
+ * # Safety
+ * `buf` is NULL or valid for `buf_len` bytes; `needed_out` is NULL or valid for a write.
+ */
+cupool_status cupool_segments_json(int device, char *buf, size_t buf_len, size_t *needed_out);
+
+/**
+ * Allocates `size` bytes for PyTorch on `device`, in stream order on `stream` (its current
+ * stream); see `cupool_alloc_async_device` for how the device is chosen. Returns NULL for
+ * `size` 0 (PyTorch's empty tensors hold no memory) and on failure: after out of memory
+ * (once idle cached memory was released and the allocation retried) one line on stderr
+ * gives the request and the pool's figures.
+ *
+ * PyTorch 2.11 does not check the pointer its pluggable allocator returns: a tensor made
+ * after a NULL has no memory, and the first kernel that touches it fails with an illegal
+ * address; the line on stderr says why.
+ *
+ * # Safety
+ * `stream` is NULL, a special handle, or a live stream of `device`.
+ */
+void *cupool_torch_alloc(size_t size, int device, struct CUstream_st *stream);
+
+/**
+ * Frees a block `cupool_torch_alloc` returned, as PyTorch does when a tensor's storage
+ * dies: in stream order on `stream`, the stream PyTorch allocated it on (`size` and
+ * `device` are the allocation's; the block itself knows both). A block recorded on
+ * another stream with `cupool_torch_record_stream` is freed without a stream instead, so
+ * it is reused only once that stream's work is done. Should the stream not be usable
+ * from the calling thread (no current context), the block is freed without a stream.
+ * `ptr` NULL does nothing; a pointer cupool did not hand out, or one freed twice, is
+ * reported on stderr and otherwise ignored.
+ *
+ * # Safety
+ * Any `ptr` value may be passed (it is looked up, never dereferenced); `stream` is NULL,
+ * a special handle or a live stream.
+ */
+void cupool_torch_free(void *ptr, size_t size, int device, struct CUstream_st *stream);
+
+/**
+ * PyTorch's allocator initialisation (`device_count` devices): starts the pool, so that a
+ * backend that cannot start is reported here, once, instead of at the first tensor.
+ */
+void cupool_torch_init(int device_count);
+
+/**
+ * `torch.cuda.empty_cache()`: gives the idle cached memory of every device back to the
+ * driver (`cupool_empty_cache`).
+ */
+void cupool_torch_empty_cache(void);
+
+/**
+ * `torch.cuda.set_per_process_memory_fraction(fraction, device)`: caps the bytes the pool
+ * may reserve on `device` at `fraction` of its total memory (`cupool_set_memory_limit`;
+ * fraction 0 lets nothing more be reserved). A fraction outside [0, 1] is refused with
+ * one line on stderr (PyTorch checks it before calling).
+ */
+void cupool_torch_set_memory_fraction(double fraction, int device);
+
+/**
+ * `Tensor.record_stream(stream)`: the block at `ptr` is also used by work on `stream`.
+ * When PyTorch frees it, it is freed without a stream, so it is reused only after a
+ * context fence shows that all work submitted before the free (that on `stream`
+ * included) has completed. A pointer in no live cupool block is reported on stderr and
+ * ignored.
+ *
+ * # Safety
+ * Any `ptr` value may be passed (it is looked up, never dereferenced).
+ */
+void cupool_torch_record_stream(void *ptr, struct CUstream_st *stream);
+
+/**
+ * PyTorch's `getBaseAllocation` (CUDA IPC shares whole driver allocations): the start of
+ * the segment that holds the live block containing `ptr`, with the segment's size in
+ * `*size_out`. For a pointer cupool did not hand out, `ptr` itself, and `*size_out` is
+ * left alone (what PyTorch does without this hook).
+ *
+ * # Safety
+ * Any `ptr` value may be passed; `size_out` is NULL or valid for a write.
+ */
+void *cupool_torch_base_allocation(void *ptr, size_t *size_out);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

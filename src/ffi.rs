@@ -11,7 +11,9 @@
 //! The doc comments on the exports become the comments of the generated header, so they
 //! state ownership and NULL rules for the C reader.
 
+pub mod device;
 pub mod process_api;
+pub mod torch;
 
 use crate::backend::{DevicePtr, StreamHandle};
 use crate::runtime::{runtime, runtime_if_started};

@@ -15,6 +15,11 @@ use crate::status::{CupoolStatus, Result};
 use crate::trace::record;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+mod layout;
+mod on_device;
+
+pub use layout::{to_json as segments_json, BlockView, SegmentView};
+
 /// What the pool knows about one live block (for address-range, IPC and attribute queries).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct BlockInfo {
@@ -386,6 +391,20 @@ impl Runtime {
     ) -> Result<DevicePtr> {
         let rounded = Self::rounded(size)?;
         let pool = self.current_pool()?;
+        self.alloc_in_pool_on_stream(pool, rounded, size, stream, seen)
+    }
+
+    /// The rest of [`Runtime::alloc_on_stream`], in a pool already chosen (`stream` belongs
+    /// to its context).
+    #[inline(always)]
+    fn alloc_in_pool_on_stream(
+        &self,
+        pool: &'static DevicePool,
+        rounded: u64,
+        size: usize,
+        stream: StreamHandle,
+        seen: &mut Seen,
+    ) -> Result<DevicePtr> {
         seen.device = pool.ctx.device;
         let sid = self.backend.stream_id(stream).map_err(CupoolStatus::from)?;
         seen.stream_id = sid.0;

@@ -47,6 +47,12 @@ pub struct ProcessApiV1 {
     pub set_interposition_active: unsafe extern "C" fn(c_int),
     pub trace_start: unsafe extern "C" fn(*const c_char) -> CupoolStatus,
     pub trace_stop: unsafe extern "C" fn() -> CupoolStatus,
+    pub alloc_async_device:
+        unsafe extern "C" fn(*mut *mut c_void, usize, c_int, *mut CUstream_st) -> CupoolStatus,
+    pub mem_get_info: unsafe extern "C" fn(c_int, *mut usize, *mut usize) -> CupoolStatus,
+    pub segment_of:
+        unsafe extern "C" fn(*const c_void, *mut *mut c_void, *mut usize) -> CupoolStatus,
+    pub segments_json: unsafe extern "C" fn(c_int, *mut c_char, usize, *mut usize) -> CupoolStatus,
 }
 
 static OWN_API: ProcessApiV1 = ProcessApiV1 {
@@ -68,6 +74,10 @@ static OWN_API: ProcessApiV1 = ProcessApiV1 {
     set_interposition_active: super::set_interposition_active_entry,
     trace_start: super::cupool_trace_start,
     trace_stop: super::cupool_trace_stop,
+    alloc_async_device: super::device::cupool_alloc_async_device,
+    mem_get_info: super::device::cupool_mem_get_info,
+    segment_of: super::device::cupool_segment_of,
+    segments_json: super::device::cupool_segments_json,
 };
 
 /// This copy's table, for the other copies of cupool in the process. Not in the header.

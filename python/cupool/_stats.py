@@ -1,0 +1,156 @@
+"""Statistics under PyTorch's ``memory_stats`` names, and ``memory_summary`` in its layout.
+
+PyTorch's names are used only where cupool measures the same thing; cupool's own figures
+follow under ``cupool.<field>`` (the fields of ``cupool_stats``, levels as
+``.current``/``.peak``). What is left out, and why:
+
+- ``large_pool`` / ``small_pool`` splits, and ``*.allocated`` / ``*.freed`` byte totals:
+  the pool keeps no such counters;
+- ``oversize_*`` and ``max_split_size``: cupool has no ``max_split_size`` knob;
+- ``num_sync_all_streams``: cupool never synchronises every stream (it waits for context
+  fences).
+
+``active_bytes`` equals ``allocated_bytes``: PyTorch counts a block freed while
+``record_stream`` work is pending as active; cupool hands such a block back at once and
+counts it in ``cupool.pending_fence_bytes`` until its fence completes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import _lib
+
+
+def raw_stats(device: int | None) -> dict[str, Any]:
+    """``cupool_stats_json`` of ``device`` (``None``: all devices), as a dict."""
+    dev = -1 if device is None else int(device)
+    return json.loads(_lib.text_out(_lib.lib().cupool_stats_json, dev, what="cupool_stats_json"))
+
+
+def stats(device: int | None = None) -> dict[str, int]:
+    """The pool's statistics for ``device`` (``None``: all devices summed), as a flat dict
+    with PyTorch's ``memory_stats`` key names where the meaning is the same, plus
+    ``cupool.<field>`` for every field of cupool's own statistics."""
+    raw = raw_stats(device)
+    out: dict[str, int] = {}
+    for name in ("allocated_bytes", "reserved_bytes", "requested_bytes"):
+        out[f"{name}.all.current"] = raw[name]["current"]
+        out[f"{name}.all.peak"] = raw[name]["peak"]
+    out["active_bytes.all.current"] = raw["allocated_bytes"]["current"]
+    out["active_bytes.all.peak"] = raw["allocated_bytes"]["peak"]
+    out["inactive_split_bytes.all.current"] = raw["inactive_split_bytes"]
+    live = raw["num_allocs"] - raw["num_frees"]
+    for name in ("allocation", "active"):
+        out[f"{name}.all.current"] = live
+        out[f"{name}.all.allocated"] = raw["num_allocs"]
+        out[f"{name}.all.freed"] = raw["num_frees"]
+    out["segment.all.current"] = raw["segments"]
+    out["segment.all.allocated"] = raw["device_allocs"]
+    out["segment.all.freed"] = raw["device_frees"]
+    out["num_alloc_retries"] = raw["alloc_retries"]
+    out["num_ooms"] = raw["num_ooms"]
+    out["num_device_alloc"] = raw["device_allocs"]
+    out["num_device_free"] = raw["device_frees"]
+    for key, value in raw.items():
+        if key in ("size", "version"):
+            continue
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                out[f"cupool.{key}.{sub}"] = v
+        else:
+            out[f"cupool.{key}"] = value
+    return dict(sorted(out.items()))
+
+
+def nested(flat: dict[str, int]) -> dict[str, Any]:
+    """A flat ``a.b.c`` dict as nested dicts (``torch.cuda.memory_stats_as_nested_dict``)."""
+    root: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = root
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return root
+
+
+def _format_size(sz: int, pref_sz: float) -> str:
+    # PyTorch's memory_summary units: switch past 768 of the smaller unit.
+    prefixes = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    prefix = prefixes[0]
+    for new_prefix in prefixes[1:]:
+        if pref_sz < 768 * 1024:
+            break
+        prefix = new_prefix
+        sz //= 1024
+        pref_sz /= 1024
+    return f"{sz:6d} {prefix}"
+
+
+def _format_count(cnt: int, pref_cnt: float) -> str:
+    prefixes = [" ", "K", "M"]
+    prefix = prefixes[0]
+    for new_prefix in prefixes[1:]:
+        if pref_cnt < 750 * 1000:
+            break
+        prefix = new_prefix
+        cnt //= 1000
+        pref_cnt /= 1000
+    return f"{cnt:7d} {prefix} "
+
+
+_UNKNOWN = f"{'-':>8}  "  # as wide as a formatted cell (10 characters)
+
+
+def memory_summary(device: int | None = None, abbreviated: bool = False) -> str:
+    """A printout of the pool's statistics in the layout of ``torch.cuda.memory_summary``
+    (75-column box, ``Cur Usage | Peak Usage | Tot Alloc | Tot Freed``), then cupool's own
+    figures. ``device`` ``None``: all devices. Cells cupool does not measure show ``-``;
+    there are no large/small pool rows (``abbreviated`` is accepted for PyTorch's
+    signature)."""
+    del abbreviated  # the pool has no large/small split to leave out
+    s = stats(device)
+    raw = raw_stats(device)
+    rows = [
+        ("allocated_bytes", "Allocated memory", _format_size),
+        ("active_bytes", "Active memory", _format_size),
+        ("requested_bytes", "Requested memory", _format_size),
+        ("reserved_bytes", "GPU reserved memory", _format_size),
+        ("inactive_split_bytes", "Non-releasable memory", _format_size),
+        ("allocation", "Allocations", _format_count),
+        ("active", "Active allocs", _format_count),
+        ("segment", "GPU reserved segments", _format_count),
+    ]
+    lines = ["=" * 75]
+    where = "all devices" if device is None else f"device ID {device}"
+    lines.append(f" {'':16} cupool CUDA memory summary, {where:<27}"[:75].ljust(75))
+    lines.append("-" * 75)
+    lines.append(
+        f"  {'':9} CUDA OOMs: {s['num_ooms']:<12d} | {'':6} cudaMalloc retries: "
+        f"{s['num_alloc_retries']:<8d}  "
+    )
+    lines.append("=" * 75)
+    lines.append("        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ")
+    for key, name, fmt in rows:
+        lines.append("-" * 75)
+        cells = []
+        values = [s.get(f"{key}.all.{c}") for c in ("current", "peak", "allocated", "freed")]
+        for v in values:
+            # PyTorch picks each cell's unit from the value itself on the "all" rows.
+            cells.append(_UNKNOWN if v is None else fmt(v, v))
+        lines.append(f" {name:<21} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} ")
+    lines.append("=" * 75)
+    extra = [
+        ("Idle cached memory", _format_size, raw["cached_bytes"]["current"]),
+        ("Waiting for a fence", _format_size, raw["pending_fence_bytes"]),
+        ("Cache hits", _format_count, raw["cache_hits"]),
+        ("Cache misses", _format_count, raw["cache_misses"]),
+        ("Fences recorded", _format_count, raw["fences_recorded"]),
+        ("Cross-stream frees", _format_count, raw["cross_stream_frees"]),
+    ]
+    for name, fmt, v in extra:
+        lines.append(f" {name:<21} | {fmt(v, v)} | {'':10} | {'':10} | {'':10} ")
+    lines.append("=" * 75)
+    return "|" + "|\n|".join(lines) + "|\n"

@@ -1,0 +1,177 @@
+"""PyTorch on cupool: ``cupool.torch.enable()``.
+
+It installs cupool as PyTorch's CUDA allocator through ``CUDAPluggableAllocator`` (every
+allocation stream-ordered on PyTorch's current stream, every free on the stream it was
+allocated on) with the optional hooks wired: ``torch.cuda.empty_cache()``,
+``set_per_process_memory_fraction()`` and ``Tensor.record_stream()`` reach the pool, and
+``getBaseAllocation`` (IPC) answers with the block's segment. PyTorch's pluggable allocator
+cannot answer statistics or snapshots itself, so the functions that ask for them are
+replaced by ones that ask cupool: ``memory_stats``, ``memory_stats_as_nested_dict``,
+``memory_allocated`` and the other figures built on ``memory_stats``, ``memory_summary``,
+``reset_peak_memory_stats``, ``get_per_process_memory_fraction``, ``memory_snapshot``,
+``_snapshot`` / ``_dump_snapshot`` and ``_record_memory_history``.
+
+CUDA graphs are refused with a clear error (``torch.cuda.graph``,
+``torch.compile(mode="reduce-overhead")``): PyTorch's pluggable allocator hooks for graph
+pools take C++ types, and without a private pool a graph's memory could be handed out again
+while the graph still uses it.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import warnings
+from typing import Any
+
+from . import _lib, _snapshot, _stats
+
+_lock = threading.Lock()
+_allocator: Any = None  # kept alive: PyTorch holds only the C++ side
+
+# PyTorch's setter → cupool's hook (torch/csrc/cuda/CUDAPluggableAllocator.h).
+_HOOKS = (
+    ("set_init_fn", "cupool_torch_init"),
+    ("set_reset_fn", "cupool_torch_empty_cache"),
+    ("set_memory_fraction_fn", "cupool_torch_set_memory_fraction"),
+    ("set_record_stream_fn", "cupool_torch_record_stream"),
+    ("set_base_alloc_fn", "cupool_torch_base_allocation"),
+)
+
+GRAPHS_MESSAGE = (
+    "CUDA graphs are not supported with cupool.torch.enable() yet: PyTorch's pluggable "
+    "allocator cannot give a graph a private memory pool, so memory the graph uses could "
+    "be handed to other tensors while the graph is alive. Run without cupool.torch.enable() "
+    "(or without CUDA graphs / torch.compile(mode='reduce-overhead'))."
+)
+
+
+class AlreadyInitializedError(RuntimeError):
+    """``enable()`` came after PyTorch had started its own CUDA allocator."""
+
+
+def enabled() -> bool:
+    """Whether PyTorch allocates through cupool in this process."""
+    return _allocator is not None
+
+
+def enable() -> None:
+    """Makes cupool PyTorch's CUDA allocator. Call it before the first CUDA allocation
+    (right after ``import torch``): PyTorch cannot swap an allocator it has started. A
+    second call does nothing."""
+    global _allocator
+    import torch  # noqa: PLC0415 - torch is optional: imported only here
+
+    with _lock:
+        if _allocator is not None:
+            return
+        memory = getattr(getattr(torch, "cuda", None), "memory", None)
+        if memory is None or not hasattr(memory, "CUDAPluggableAllocator"):
+            raise RuntimeError(
+                "cupool.torch.enable(): this PyTorch has no torch.cuda.memory."
+                "CUDAPluggableAllocator (a CUDA build of PyTorch 2.x is needed)"
+            )
+        if torch.cuda.is_initialized():
+            raise AlreadyInitializedError(_too_late_message())
+        allocator = memory.CUDAPluggableAllocator(
+            _lib.loaded_path(), "cupool_torch_alloc", "cupool_torch_free"
+        )
+        raw = allocator.allocator()
+        for setter, hook in _HOOKS:
+            set_hook = getattr(raw, setter, None)
+            if set_hook is not None:
+                set_hook(_lib.function_address(hook))
+        try:
+            memory.change_current_allocator(allocator)
+        except RuntimeError as e:
+            if "initialized" in str(e):
+                raise AlreadyInitializedError(_too_late_message()) from e
+            raise
+        _allocator = allocator
+        _patch(torch)
+
+
+def _too_late_message() -> str:
+    return (
+        "cupool.torch.enable() must run before PyTorch initialises CUDA (before the first "
+        "CUDA tensor, torch.cuda.init() or anything else that starts PyTorch's CUDA "
+        "allocator): PyTorch cannot swap an allocator that is in use. Call it right after "
+        "`import torch`."
+    )
+
+
+def _device_index(torch: Any, device: Any) -> int:
+    """PyTorch's meaning of a ``device`` argument: ``None`` is the current device (0 while
+    CUDA is not initialised, so that asking for statistics does not initialise it)."""
+    if device is None and not torch.cuda.is_initialized():
+        return 0
+    return torch.cuda._get_device_index(device, optional=True)
+
+
+def _patch(torch: Any) -> None:
+    """Replaces PyTorch's statistics and snapshot functions by cupool's (in
+    ``torch.cuda.memory``, where PyTorch's own helpers look them up, and in ``torch.cuda``)."""
+
+    def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+        return _stats.nested(_stats.stats(_device_index(torch, device)))
+
+    def memory_stats(device: Any = None) -> dict[str, Any]:
+        return collections.OrderedDict(_stats.stats(_device_index(torch, device)))
+
+    def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+        return _stats.memory_summary(_device_index(torch, device), abbreviated)
+
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        from . import reset_peak_stats
+
+        reset_peak_stats(_device_index(torch, device))
+
+    def reset_accumulated_memory_stats(device: Any = None) -> None:
+        warnings.warn(
+            "cupool keeps no resettable totals: reset_accumulated_memory_stats does nothing",
+            stacklevel=2,
+        )
+
+    def get_per_process_memory_fraction(device: Any = None) -> float:
+        from . import get_memory_limit, mem_get_info
+
+        index = _device_index(torch, device)
+        limit = get_memory_limit(index)
+        total = mem_get_info(index)[1]
+        return 1.0 if limit == 0 or total == 0 else min(limit / total, 1.0)
+
+    def memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> list:
+        return _snapshot.segments()
+
+    def _snapshot_fn(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return _snapshot.snapshot()
+
+    def _record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+        _snapshot.record_memory_history(
+            enabled, max_entries=kwargs.get("max_entries") or 1_000_000
+        )
+
+    replacements = {
+        "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
+        "memory_stats": memory_stats,
+        "memory_summary": memory_summary,
+        "reset_peak_memory_stats": reset_peak_memory_stats,
+        "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+        "get_per_process_memory_fraction": get_per_process_memory_fraction,
+        "memory_snapshot": memory_snapshot,
+        "_snapshot": _snapshot_fn,
+        "_record_memory_history": _record_memory_history,
+    }
+    for module in (torch.cuda.memory, torch.cuda):
+        for name, fn in replacements.items():
+            if hasattr(module, name):
+                setattr(module, name, fn)
+
+    graphs = getattr(torch.cuda, "graphs", None)
+    graph_class = getattr(graphs, "CUDAGraph", None) or getattr(torch.cuda, "CUDAGraph", None)
+    if graph_class is not None:
+
+        def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError(GRAPHS_MESSAGE)
+
+        graph_class.capture_begin = capture_begin

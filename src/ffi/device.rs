@@ -1,0 +1,144 @@
+//! Exports that name a device or look at the pool's layout: what the PyTorch hooks
+//! ([`super::torch`]) and the Python package build on. Same three steps as every export
+//! (see [`super`]): forward to the copy that owns the pool, run inside `guard`, check the
+//! arguments and write out-parameters only on success.
+
+use super::{
+    copy_text_out, device_ordinal, device_selection, guard, process_api, required, stream_handle,
+    to_c_pointer, write_optional, CUstream_st,
+};
+use crate::backend::DevicePtr;
+use crate::runtime::{runtime, runtime_if_started};
+use crate::status::CupoolStatus::{self, *};
+use core::ffi::{c_char, c_int, c_void};
+
+/// Allocates `size` bytes in stream order on `stream` for device `device` (an ordinal, not
+/// -1), as `cupool_alloc_async` does for the current device. When the calling thread's
+/// current context is on `device` (the usual case: the CUDA runtime made it current) the
+/// block comes from that context; otherwise from `device`'s primary context, and then a
+/// default-stream handle (NULL, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`), which would
+/// name a stream of another context, gives a block with no pending work that any stream
+/// of `device` may use at once.
+///
+/// `ptr_out` must not be NULL and is written only on success. `size` 0:
+/// `CUPOOL_ERROR_INVALID_VALUE`; a negative or too large `device`:
+/// `CUPOOL_ERROR_INVALID_DEVICE`; no room after releasing idle cached memory:
+/// `CUPOOL_ERROR_OUT_OF_MEMORY`. Free the block once, with `cupool_free_async` (on the
+/// stream that last used it) or `cupool_free`.
+///
+/// # Safety
+/// `ptr_out` is NULL or valid for writing one pointer; `stream` is NULL, a special handle
+/// or a live stream of `device`.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_alloc_async_device(
+    ptr_out: *mut *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: *mut CUstream_st,
+) -> CupoolStatus {
+    if let Some(api) = process_api::other_copy() {
+        return (api.alloc_async_device)(ptr_out, size, device, stream);
+    }
+    guard(|| {
+        let out = required(ptr_out)?;
+        if size == 0 {
+            return Err(CupoolErrorInvalidValue);
+        }
+        let block = runtime()?.alloc_async_on_device(
+            size,
+            device_ordinal(device)?,
+            stream_handle(stream),
+        )?;
+        out.write(to_c_pointer(block)?);
+        Ok(())
+    })
+}
+
+/// Writes the free and total bytes of `device` (an ordinal), as the driver reports them
+/// (`cuMemGetInfo` in `device`'s primary context; the host backend's simulated capacity),
+/// to `*free_out` and `*total_out`. Either may be NULL. Memory cupool caches counts as
+/// used here.
+///
+/// # Safety
+/// `free_out` and `total_out` are NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_mem_get_info(
+    device: c_int,
+    free_out: *mut usize,
+    total_out: *mut usize,
+) -> CupoolStatus {
+    if let Some(api) = process_api::other_copy() {
+        return (api.mem_get_info)(device, free_out, total_out);
+    }
+    guard(|| {
+        let (free, total) = runtime()?.memory_info(device_ordinal(device)?)?;
+        write_optional(free_out, usize::try_from(free).unwrap_or(usize::MAX));
+        write_optional(total_out, usize::try_from(total).unwrap_or(usize::MAX));
+        Ok(())
+    })
+}
+
+/// Writes the start and size of the segment (the driver allocation the pool carved it
+/// from) that holds the live block containing `ptr` (interior pointers included) to
+/// `*base_out` and `*size_out`; either may be NULL. A pointer in no live cupool block:
+/// `CUPOOL_ERROR_INVALID_POINTER`.
+///
+/// # Safety
+/// Any `ptr` value may be passed (it is looked up, never dereferenced); `base_out` and
+/// `size_out` are NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_segment_of(
+    ptr: *const c_void,
+    base_out: *mut *mut c_void,
+    size_out: *mut usize,
+) -> CupoolStatus {
+    if let Some(api) = process_api::other_copy() {
+        return (api.segment_of)(ptr, base_out, size_out);
+    }
+    guard(|| {
+        let rt = runtime_if_started().ok_or(CupoolErrorInvalidPointer)?;
+        let (base, size) = rt
+            .segment_of(ptr as usize as DevicePtr)
+            .ok_or(CupoolErrorInvalidPointer)?;
+        let base = to_c_pointer(base)?;
+        write_optional(base_out, base);
+        write_optional(size_out, usize::try_from(size).unwrap_or(usize::MAX));
+        Ok(())
+    })
+}
+
+/// Writes the pool's segments on `device` (-1: all devices) and the blocks that tile each
+/// of them, as one JSON object and a NUL, into `buf`, which the caller owns:
+/// `{"segments": [{"device", "address", "total_size", "allocated_size", "requested_size",
+/// "stream", "segment_type" ("small"/"large"), "is_expandable", "blocks": [{"address",
+/// "size", "requested_size", "state", "stream"}]}]}`, in address order, with the names of
+/// PyTorch's memory snapshots. `state` is `"active_allocated"` for a block the program
+/// holds and `"inactive"` for a free one (also one that waits for its fence); addresses
+/// and streams are numbers. Each block is read consistently, the whole layout is not
+/// (other threads keep allocating while it is read).
+///
+/// Buffer rules as for `cupool_stats_json`; since the layout can grow between two calls,
+/// ask for the size, then pass a larger buffer and retry on
+/// `CUPOOL_ERROR_BUFFER_TOO_SMALL`.
+///
+/// # Safety
+/// `buf` is NULL or valid for `buf_len` bytes; `needed_out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_segments_json(
+    device: c_int,
+    buf: *mut c_char,
+    buf_len: usize,
+    needed_out: *mut usize,
+) -> CupoolStatus {
+    if let Some(api) = process_api::other_copy() {
+        return (api.segments_json)(device, buf, buf_len, needed_out);
+    }
+    guard(|| {
+        if buf.is_null() && buf_len != 0 {
+            return Err(CupoolErrorInvalidValue);
+        }
+        let segments = runtime()?.segments(device_selection(device)?)?;
+        let json = crate::runtime::segments_json(&segments);
+        copy_text_out(&json, buf, buf_len, needed_out)
+    })
+}

@@ -7,7 +7,7 @@
 
 #include "cupool_api.h"
 
-static_assert(sizeof(cupool_stats) == 8 + 5 * 16 + 13 * 8, "cupool_stats v2 is 200 bytes");
+static_assert(sizeof(cupool_stats) == 8 + 5 * 16 + 14 * 8, "cupool_stats v2 is 200 bytes");
 static_assert(offsetof(cupool_stats, allocated_bytes) == 8, "allocated_bytes after the header");
 static_assert(offsetof(cupool_stats, num_allocs) == 72, "counts after the four levels");
 static_assert(offsetof(cupool_stats, cross_stream_frees) == 144, "cross_stream_frees last of v1");

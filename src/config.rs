@@ -47,6 +47,7 @@ pub enum Key {
     FenceBatch,
     FenceSpareMax,
     GrowWaitUs,
+    ReleaseAbovePercent,
     Vmm,
     VmmChunk,
     HostAutoComplete,
@@ -56,7 +57,7 @@ pub enum Key {
 pub const BACKENDS: &[&str] = &["cuda", "host"];
 pub const VMM_MODES: &[&str] = &["off", "on"];
 
-pub static OPTIONS: [OptionDesc; 14] = [
+pub static OPTIONS: [OptionDesc; 15] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -125,6 +126,13 @@ pub static OPTIONS: [OptionDesc; 14] = [
         default: "50000",
         kind: ValueKind::Count,
         doc: "Before the pool takes more memory from the driver while freed blocks that would cover the request only wait for their fence (the device is behind), it waits up to this many microseconds for the fence instead (what `cudaFree` would have waited for anyway), then grows. 0 turns it off.",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "release_above_percent",
+        default: "0",
+        kind: ValueKind::Count,
+        doc: "When the pool is about to take more memory from the driver and its reserved bytes would pass this percentage of its capacity (`memory_limit` if set, else the device's total memory), it first gives idle cached memory back (whole idle segments, largest first, then idle VMM memory), so that other processes keep room; thread caches count as idle. Like PyTorch's `garbage_collection_threshold`. 0 turns it off (out of memory still releases everything idle before failing).",
         runtime: true,
     },
     OptionDesc {

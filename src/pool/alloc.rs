@@ -86,6 +86,7 @@ impl DevicePool {
             return Ok(ptr);
         }
         self.shared.lock().slow.misses += 1;
+        self.release_above_bound(c, size, flush_own_cache);
         match self.grow_and_carve(c, req) {
             Ok(ptr) => return Ok(ptr),
             Err(CupoolStatus::CupoolErrorOutOfMemory) => {}

@@ -359,7 +359,7 @@ impl Arena {
         let end = at + len;
         // Nothing is taken unless the whole run can be backed.
         let stealable: u64 = self.stealable.iter().map(|k| k.0 as u64).sum();
-        if len as u64 > self.idle_granules + stealable + *create {
+        if len as u64 > (self.idle_granules + stealable).saturating_add(*create) {
             return None;
         }
         while pos < end {

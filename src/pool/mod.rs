@@ -252,6 +252,8 @@ pub struct DevicePool {
     /// [`LIMIT_FROM_CONFIG`] = the `memory_limit` option (read when growing, so a change of
     /// the option takes effect at once).
     limit: AtomicU64,
+    /// The device's total memory, once asked (Note [release bound]).
+    device_total: AtomicU64,
     capture_depth: AtomicU32,
     /// Misses in a row served by a fence pass that made exactly one large block reusable
     /// (Note [lone fences]). A heuristic's count: outside the pool lock, and a lost update
@@ -290,6 +292,7 @@ impl DevicePool {
             }),
             events: std::sync::Mutex::new(()),
             limit: AtomicU64::new(LIMIT_FROM_CONFIG),
+            device_total: AtomicU64::new(0),
             capture_depth: AtomicU32::new(0),
             lone_fence_streak: AtomicU32::new(0),
             peak_epoch: AtomicU64::new(0),

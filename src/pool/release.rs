@@ -3,39 +3,58 @@
 use super::block::{BlockIdx, Place, NIL};
 use super::counters::{Level, ThreadCounters};
 use super::fences::Advance;
-use super::{DevicePool, ADDRESSES, BACKEND_OFF, BLOCKS};
+use super::{thread_cache, DevicePool, ADDRESSES, BACKEND_OFF, BLOCKS};
+use crate::config::{self, Key};
 use crate::status::{CupoolStatus, Result};
 use core::sync::atomic::Ordering;
 
 impl DevicePool {
-    /// Gives every segment that is one free shared block back to the backend; returns the
-    /// bytes released.
+    /// Gives every segment that is one free shared block back to the backend, and the VMM
+    /// arena's idle memory; returns the bytes released.
     pub fn release_idle_segments(&self, c: &ThreadCounters) -> u64 {
+        self.release_idle_until(c, 0)
+    }
+
+    /// Gives idle segments back, largest first, until reserved bytes are at most `target`;
+    /// then, if still above, the VMM arena's idle memory. Returns the bytes released.
+    fn release_idle_until(&self, c: &ThreadCounters, target: u64) -> u64 {
         if !self.may_order() {
             return 0;
         }
         let victims: Vec<(u64, u64)> = {
             let mut sh = self.shared.lock();
-            let mut v = Vec::new();
-            let heads: Vec<(u64, BlockIdx)> = sh.segments.iter().map(|(&b, &i)| (b, i)).collect();
             let arena_base = sh.arena.as_ref().map(|a| a.base);
-            for (base, idx) in heads {
-                if Some(base) == arena_base {
-                    continue;
+            // SAFETY: pool lock held.
+            let mut idle: Vec<(u64, BlockIdx, u64)> = unsafe {
+                sh.segments
+                    .iter()
+                    .filter(|&(&base, _)| Some(base) != arena_base)
+                    .filter_map(|(&base, &idx)| {
+                        let d = BLOCKS.get(idx).data();
+                        let whole = d.place == Place::FreeShared
+                            && d.seg_next == NIL
+                            && d.size == d.segment_size;
+                        whole.then_some((base, idx, d.segment_size))
+                    })
+                    .collect()
+            };
+            idle.sort_unstable_by_key(|&(_, _, size)| core::cmp::Reverse(size));
+            let mut v = Vec::new();
+            let mut left = sh.reserved;
+            for (base, idx, size) in idle {
+                if left <= target {
+                    break;
                 }
-                // SAFETY: pool lock held.
+                left -= size;
+                // SAFETY: pool lock held; `idx` is a free shared block in its index.
                 unsafe {
-                    let d = BLOCKS.get(idx).data();
-                    if d.place == Place::FreeShared && d.seg_next == NIL && d.size == d.segment_size
-                    {
-                        let kind = d.kind;
-                        sh.index(kind).remove(&BLOCKS, idx);
-                        ADDRESSES.clear(base);
-                        v.push((base, d.segment_size));
-                        BLOCKS.release(idx);
-                        sh.segments.remove(&base);
-                    }
+                    let kind = BLOCKS.get(idx).data().kind;
+                    sh.index(kind).remove(&BLOCKS, idx);
+                    ADDRESSES.clear(base);
+                    BLOCKS.release(idx);
                 }
+                sh.segments.remove(&base);
+                v.push((base, size));
             }
             let total: u64 = v.iter().map(|&(_, s)| s).sum();
             sh.reserved -= total;
@@ -56,7 +75,50 @@ impl DevicePool {
                 }
             }
         }
-        released + self.release_arena(c)
+        if target == 0 || self.reserved() > target {
+            released += self.release_arena(c);
+        }
+        released
+    }
+
+    /// Note [release bound]: before the pool grows by `size` bytes, keeps its reserved
+    /// bytes under `release_above_percent` of its capacity (the memory limit, else the
+    /// device's total) by giving idle cached memory back first, thread caches included.
+    /// Returns the bytes released.
+    pub(super) fn release_above_bound(
+        &self,
+        c: &ThreadCounters,
+        size: u64,
+        flush_own_cache: &mut dyn FnMut(),
+    ) -> u64 {
+        let percent = config::get(Key::ReleaseAbovePercent).min(100);
+        if percent == 0 || !self.may_order() {
+            return 0;
+        }
+        let capacity = match self.limit() {
+            0 => self.device_total(),
+            l => l,
+        };
+        let bound = capacity / 100 * percent;
+        if capacity == 0 || self.reserved() + size <= bound {
+            return 0;
+        }
+        flush_own_cache();
+        thread_cache::request_flush_all();
+        self.advance(Advance::Poll);
+        self.release_idle_until(c, bound.saturating_sub(size))
+    }
+
+    /// The device's total memory, asked of the backend once.
+    fn device_total(&self) -> u64 {
+        match self.device_total.load(Ordering::Relaxed) {
+            0 => {
+                let total = self.backend.memory_info(self.ctx.id).map_or(0, |m| m.1);
+                self.device_total.store(total, Ordering::Relaxed);
+                total
+            }
+            t => t,
+        }
     }
 
     /// Waits for pending frees, then releases every idle segment (`empty_cache`).

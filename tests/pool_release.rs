@@ -34,7 +34,11 @@ fn grow_through(device: i32, sizes: &[u64], last: u64) -> (u64, u64) {
     }
     let kept = rt.alloc(last as usize).unwrap();
     let s = rt.context_stats(ctx).unwrap();
-    assert_eq!(s.num_ooms + s.alloc_retries, 0, "no out-of-memory path taken");
+    assert_eq!(
+        s.num_ooms + s.alloc_retries,
+        0,
+        "no out-of-memory path taken"
+    );
     rt.free(kept).unwrap();
     rt.empty_context_cache(ctx).unwrap();
     (s.reserved_bytes.current, s.device_frees)

@@ -74,7 +74,8 @@ pub struct ReplayArgs {
     pub gpu_lag_us: u64,
 }
 
-/// Runs a program with its CUDA allocations served by cupool (under libcupool_preload.so).
+/// Runs a program with its CUDA allocations served by cupool (under libcupool_preload.so,
+/// or for Python programs with --torch / --cupy through the `cupool` package's hooks).
 ///
 /// The library is found, in this order, at $CUPOOL_PRELOAD, next to the cupool binary, or
 /// in ../lib/ relative to it (an installed prefix). The program replaces cupool (exec), so
@@ -92,6 +93,14 @@ pub struct RunArgs {
     /// Pool options, added to CUPOOL_CONF (e.g. `memory_limit:16G`).
     #[arg(long, value_name = "KEY:VALUE,...")]
     pub conf: Vec<String>,
+    /// A Python program using PyTorch: put PyTorch's allocator on cupool through its
+    /// pluggable allocator (CUPOOL_TORCH=1; needs the `cupool` Python package installed)
+    /// instead of preloading the interposer. Every allocation then knows its stream.
+    #[arg(long)]
+    pub torch: bool,
+    /// As --torch, for CuPy (CUPOOL_CUPY=1).
+    #[arg(long)]
+    pub cupy: bool,
     /// The program and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, value_name = "PROGRAM ARGS")]
     pub program: Vec<std::ffi::OsString>,

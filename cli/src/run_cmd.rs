@@ -1,4 +1,5 @@
-//! `cupool run`: runs a program under libcupool_preload.so.
+//! `cupool run`: runs a program under libcupool_preload.so, or, with `--torch` / `--cupy`,
+//! with the Python package's start-up hook putting PyTorch or CuPy on the pool.
 
 use crate::{conf, RunArgs};
 use std::ffi::OsString;
@@ -73,17 +74,28 @@ fn merged_conf(existing: Option<OsString>, added: &str) -> OsString {
 
 pub fn execute(args: &RunArgs) -> Result<(), String> {
     let entries = conf::entries(&args.conf)?;
-    let preload = find_preload()?;
     let (program, program_args) = args
         .program
         .split_first()
         .ok_or("no program to run (cupool run -- PROGRAM ARGS...)")?;
     let mut cmd = Command::new(program);
     cmd.args(program_args);
-    cmd.env(
-        "LD_PRELOAD",
-        ld_preload(&preload, std::env::var_os("LD_PRELOAD")),
-    );
+    if args.torch || args.cupy {
+        // The framework allocates through the Python package's hooks (its start-up file
+        // reads these); the interposer would see nothing the package does not.
+        if args.torch {
+            cmd.env("CUPOOL_TORCH", "1");
+        }
+        if args.cupy {
+            cmd.env("CUPOOL_CUPY", "1");
+        }
+    } else {
+        let preload = find_preload()?;
+        cmd.env(
+            "LD_PRELOAD",
+            ld_preload(&preload, std::env::var_os("LD_PRELOAD")),
+        );
+    }
     if args.stats {
         cmd.env("CUPOOL_STATS_AT_EXIT", "1");
     }

@@ -320,6 +320,22 @@ fn run_gives_the_program_its_environment() {
 }
 
 #[test]
+fn run_torch_and_cupy_enable_the_python_hooks_instead_of_the_preload() {
+    // No preload library anywhere: --torch must not look for it.
+    let show = "echo \"$LD_PRELOAD|$CUPOOL_TORCH|$CUPOOL_CUPY\"";
+    let missing = Path::new("/no/such/libcupool_preload.so");
+    let o = run_with_preload(missing, &["--torch", "--", "sh", "-c", show], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "|1|");
+    let o = run_with_preload(
+        missing,
+        &["--cupy", "--torch", "--", "sh", "-c", show],
+        &[("LD_PRELOAD", "libother.so")],
+    );
+    assert_eq!(stdout(&o).trim(), "libother.so|1|1", "LD_PRELOAD left as it was");
+}
+
+#[test]
 fn run_exits_with_the_program_s_status() {
     let fake = scratch("libstatus_preload.so");
     std::fs::write(&fake, b"").unwrap();

@@ -9,14 +9,23 @@ use crate::config::{self, Key};
 use crate::pool::handover::{self, Taken};
 use crate::pool::size_class::{round_size, MAX_SIZE};
 use crate::pool::thread_cache::{self, with_thread};
-use crate::pool::{self, DevicePool, StreamRef, ADDRESSES, BACKEND_OFF, BLOCKS, STREAMLESS};
+use crate::pool::{self, DevicePool, StreamRef, ADDRESSES, BLOCKS, STREAMLESS};
 use crate::stats::CupoolStats;
 use crate::status::{CupoolStatus, Result};
 use crate::trace::record;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 mod layout;
+mod lifecycle;
 mod on_device;
+mod tracing;
+
+pub use lifecycle::{
+    claim_stats_at_exit, is_fork_child, mark_exiting, mark_fork_child, stats_at_exit_requested,
+    write_stats_at_exit,
+};
+use lifecycle::{on_exit, on_fork_child, print_stats_at_exit, STATS_AT_EXIT_CLAIMED};
+use tracing::{trace_allocation, trace_free, Freed, Seen};
 
 pub use layout::{to_json as segments_json, BlockView, SegmentView};
 
@@ -71,79 +80,6 @@ pub fn runtime_if_started() -> Option<&'static Runtime> {
     }
 }
 
-extern "C" fn on_exit() {
-    mark_exiting();
-}
-
-/// Runs in the child right after `fork`: atomics only (async-signal-safe).
-extern "C" fn on_fork_child() {
-    mark_fork_child();
-}
-
-/// The exit summary's handler when no other library prints it ([`claim_stats_at_exit`]).
-extern "C" fn print_stats_at_exit() {
-    let _ = std::panic::catch_unwind(write_stats_at_exit);
-}
-
-/// The `CUPOOL_STATS_AT_EXIT` summary: one screen of counters on stderr, one `write(2)`.
-/// Counters only: no CUDA call (the driver may already be gone). The one place it is made
-/// (the preload library's exit handler calls it too).
-pub fn write_stats_at_exit() {
-    let pid = std::process::id();
-    let mut text = match RUNTIME.get() {
-        Some(Ok(rt)) => format!(
-            "cupool: statistics at exit (pid {pid}, backend {}, all devices)\n",
-            rt.backend.name()
-        ),
-        _ => format!("cupool: statistics at exit (pid {pid})\n"),
-    };
-    match runtime_if_started().map(|rt| rt.stats(None)) {
-        Some(Ok(stats)) => {
-            text.push_str(&stats.to_text());
-            for pool in Runtime::pools_of(None) {
-                let v = pool.vmm_stats();
-                if v.range_bytes > 0 {
-                    text.push_str(&v.to_line());
-                }
-            }
-        }
-        Some(Err(status)) => {
-            text.push_str(&format!("  statistics unavailable: {}\n", status.as_str()));
-        }
-        None => text.push_str("  the pool never started: no allocation went through cupool\n"),
-    }
-    crate::log::write_stderr(text.as_bytes());
-}
-
-/// Set by a library that prints the exit summary itself (the preload library prints it
-/// from its own exit handler, which also covers processes whose pool never started).
-static STATS_AT_EXIT_CLAIMED: AtomicBool = AtomicBool::new(false);
-
-/// Tells the runtime not to register its own exit summary. Atomics only: callable from a
-/// library constructor.
-pub fn claim_stats_at_exit() {
-    STATS_AT_EXIT_CLAIMED.store(true, Ordering::Relaxed);
-}
-
-/// Whether `CUPOOL_STATS_AT_EXIT` asks for the exit summary: a boolean as options take it
-/// ([`config::parse_bool`]); unset or empty is off, and a value that is no boolean is off
-/// with one line on stderr. The one parser of the variable (the preload library uses it).
-pub fn stats_at_exit_requested() -> bool {
-    let Ok(value) = std::env::var("CUPOOL_STATS_AT_EXIT") else {
-        return false;
-    };
-    if value.trim().is_empty() {
-        return false;
-    }
-    config::parse_bool(&value).unwrap_or_else(|| {
-        crate::log::error(&format!(
-            "cupool: CUPOOL_STATS_AT_EXIT='{}' is not a boolean (1/0, true/false, yes/no, on/off); no summary at exit",
-            value.trim()
-        ));
-        false
-    })
-}
-
 fn start() -> core::result::Result<Runtime, CupoolStatus> {
     config::ensure_loaded();
     config::freeze();
@@ -187,26 +123,6 @@ fn start() -> core::result::Result<Runtime, CupoolStatus> {
     }
 }
 
-/// Marks the process as a fork child of a process whose pool was live: every later call
-/// is refused (the child must never touch the parent's pool or its device memory).
-pub fn mark_fork_child() {
-    FORK_CHILD.store(true, Ordering::Relaxed);
-    BACKEND_OFF.store(true, Ordering::Relaxed);
-}
-
-/// Whether this process is such a fork child (the interposer's hooks then pass every call
-/// through).
-#[inline]
-pub fn is_fork_child() -> bool {
-    FORK_CHILD.load(Ordering::Relaxed)
-}
-
-/// Marks the process as exiting: from now on no CUDA call is made (frees of pool blocks
-/// only update metadata; nothing is given back to the driver).
-pub fn mark_exiting() {
-    BACKEND_OFF.store(true, Ordering::Relaxed);
-}
-
 /// Gives this thread's cached blocks of `pool` back to it (before the pool grows or
 /// retries after running out of memory; the pool asks other threads itself on OOM).
 fn flush_own_cache(cache: Option<&mut thread_cache::ThreadCache>, pool: u16) {
@@ -223,67 +139,6 @@ fn limit_for(device: i32) -> u64 {
         pool::LIMIT_FROM_CONFIG => config::get(Key::MemoryLimit),
         l => l,
     }
-}
-
-/// What a free learnt about its block, for the trace.
-#[derive(Copy, Clone)]
-struct Freed {
-    requested: u64,
-    size: u64,
-    device: i32,
-    stream_id: u64,
-}
-
-/// What an allocation learnt on its way, for the trace (each field unknown until set).
-#[derive(Copy, Clone)]
-struct Seen {
-    device: i32,
-    stream_id: u64,
-    /// The block's size in the pool when the fast path had it at hand; 0: look it up.
-    block: u64,
-}
-
-impl Seen {
-    const NOTHING: Seen = Seen {
-        device: record::NO_DEVICE,
-        stream_id: record::NO_STREAM_ID,
-        block: 0,
-    };
-
-    fn device(device: i32) -> Seen {
-        Seen {
-            device,
-            ..Seen::NOTHING
-        }
-    }
-}
-
-/// Records an allocation (a trace is running): a success with its block's size, a failure
-/// with the rounded request. `stream`: the handle of a stream-ordered call.
-#[inline(never)]
-fn trace_allocation(result: Result<DevicePtr>, size: usize, seen: Seen, stream: Option<u64>) {
-    let rounded = match result {
-        Ok(_) if seen.block != 0 => seen.block,
-        Ok(ptr) => handover::allocated_size(ptr),
-        Err(_) => round_size(size as u64).unwrap_or(0),
-    };
-    let stream = stream.map(|h| (h, seen.stream_id));
-    record::allocation(result, size as u64, rounded, seen.device, stream);
-}
-
-/// Records a free (a trace is running); `stream`: the handle of a stream-ordered call.
-#[inline(never)]
-fn trace_free(result: Result<Freed>, ptr: DevicePtr, stream: Option<u64>) {
-    let known = result.ok();
-    let stream = stream.map(|h| (h, known.map_or(record::NO_STREAM_ID, |f| f.stream_id)));
-    record::free(
-        result.map(|_| ()),
-        ptr,
-        known.map_or(0, |f| f.requested),
-        known.map_or(0, |f| f.size),
-        known.map_or(record::NO_DEVICE, |f| f.device),
-        stream,
-    );
 }
 
 impl Runtime {

@@ -332,7 +332,11 @@ fn run_torch_and_cupy_enable_the_python_hooks_instead_of_the_preload() {
         &["--cupy", "--torch", "--", "sh", "-c", show],
         &[("LD_PRELOAD", "libother.so")],
     );
-    assert_eq!(stdout(&o).trim(), "libother.so|1|1", "LD_PRELOAD left as it was");
+    assert_eq!(
+        stdout(&o).trim(),
+        "libother.so|1|1",
+        "LD_PRELOAD left as it was"
+    );
 }
 
 #[test]

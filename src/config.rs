@@ -42,6 +42,7 @@ pub enum Key {
     ThreadCache,
     ThreadCacheBytes,
     ThreadCacheMaxBlock,
+    ThreadCacheStreamless,
     SmallSegment,
     LargeSegment,
     FenceBatch,
@@ -57,7 +58,7 @@ pub enum Key {
 pub const BACKENDS: &[&str] = &["cuda", "host"];
 pub const VMM_MODES: &[&str] = &["off", "on"];
 
-pub static OPTIONS: [OptionDesc; 15] = [
+pub static OPTIONS: [OptionDesc; 16] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -91,6 +92,13 @@ pub static OPTIONS: [OptionDesc; 15] = [
         default: "64M",
         kind: ValueKind::Bytes,
         doc: "Largest block a thread cache keeps.",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "thread_cache_streamless",
+        default: "false",
+        kind: ValueKind::Bool,
+        doc: "Also keep blocks up to 1 MiB freed without a stream (every `cudaFree` under the preload) in the freeing thread, in batches that each get one context fence recorded by that thread, and reuse them there without a lock once it completes. About 3× the streamless pair rate on the host backend, but the replays' footprint grows by up to 4.5% (docs/BENCHMARKS.md), so it is off until that is fixed.",
         runtime: true,
     },
     OptionDesc {

@@ -215,6 +215,12 @@ impl Runtime {
 
     fn alloc_streamless(pool: &'static DevicePool, rounded: u64, size: usize) -> Result<DevicePtr> {
         with_thread(|ts, mut cache| {
+            if let Some(cache) = cache.as_deref_mut() {
+                let c = ts.counters(pool.index);
+                if let Some(ptr) = pool.alloc_kept(cache, c, rounded, size as u64) {
+                    return Ok(ptr);
+                }
+            }
             pool.alloc_slow(
                 ts.counters(pool.index),
                 rounded,
@@ -303,7 +309,7 @@ impl Runtime {
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
         let result = handover::take_back(ptr).map(|taken: Taken| {
             let pool = taken.pool();
-            with_thread(|ts, _| {
+            with_thread(|ts, cache| {
                 let c = ts.counters(pool.index);
                 let freed = Freed {
                     requested: taken.requested(),
@@ -312,7 +318,7 @@ impl Runtime {
                     stream_id: record::NO_STREAM_ID,
                 };
                 pool.note_freed(c, taken.size(), taken.requested());
-                taken.to_fence(false);
+                taken.to_fence_or_keep(cache);
                 freed
             })
         });

@@ -322,9 +322,7 @@ impl HostBackend {
             .ok_or(BackendError::InvalidValue)
     }
 
-    fn record(&self, ctx: ContextId) -> EventHandle {
-        let auto = config::get_bool(Key::HostAutoComplete);
-        let mut s = self.state.lock();
+    fn record_locked(s: &mut State, ctx: ContextId, auto: bool) -> EventHandle {
         let ev = s.next_event;
         s.next_event += 1;
         let mut done = auto && !s.manual.contains(&ctx.0);
@@ -662,11 +660,15 @@ impl Backend for HostBackend {
     }
 
     fn record_context_fence(&self, ctx: ContextId) -> BackendResult<EventHandle> {
-        if self.state.lock().capturing.contains(&ctx.0) {
+        // One lock for the check, the record and the count (threads that fence their own
+        // batches of frees call this concurrently).
+        let auto = config::get_bool(Key::HostAutoComplete);
+        let mut s = self.state.lock();
+        if s.capturing.contains(&ctx.0) {
             return Err(BackendError::Capturing);
         }
-        let ev = self.record(ctx);
-        self.state.lock().fences_recorded += 1;
+        let ev = Self::record_locked(&mut s, ctx, auto);
+        s.fences_recorded += 1;
         Ok(ev)
     }
 

@@ -3,7 +3,8 @@
 
 use super::block::{BlockIdx, Place, NIL};
 use super::fences::Advance;
-use super::{DevicePool, Shared, StreamRef, BLOCKS};
+use super::{DevicePool, Shared, StreamRef, BLOCKS, STREAMLESS};
+use crate::backend::EventHandle;
 use crate::config::{self, Key};
 
 impl DevicePool {
@@ -120,6 +121,74 @@ impl DevicePool {
             if let Ok(_ev) = self.events.try_lock() {
                 self.reporting_stalls("sealing a batch of frees", || self.seal(Advance::Poll));
             }
+        }
+    }
+
+    /// Records a context fence for a batch of blocks a thread kept after freeing them
+    /// without a stream (Note [thread fences] in `thread_cache.rs`): the calling thread
+    /// made those frees, so the fence is recorded after them. `None` while a capture is
+    /// active, after exit, or when the driver refuses (the batch then waits for the pool).
+    pub fn record_thread_fence(&self) -> Option<EventHandle> {
+        if !self.may_order() {
+            return None;
+        }
+        match self.backend.record_context_fence(self.ctx.id) {
+            Ok(ev) => {
+                self.thread_fences
+                    .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+                Some(ev)
+            }
+            Err(e) => {
+                crate::log::debug(&format!("cupool: context fence failed: {e:?}"));
+                None
+            }
+        }
+    }
+
+    /// Whether a fence from [`DevicePool::record_thread_fence`] has completed; once it has,
+    /// it is given back to the backend (the caller drops its handle).
+    pub fn thread_fence_done(&self, fence: EventHandle) -> bool {
+        let done = self
+            .backend
+            .event_completed(self.ctx.id, fence)
+            .unwrap_or(false);
+        if done {
+            self.backend.recycle_event(self.ctx.id, fence);
+        }
+        done
+    }
+
+    /// Gives a thread fence back without waiting for it (its batch goes to the pool).
+    pub fn drop_thread_fence(&self, fence: EventHandle) {
+        self.backend.recycle_event(self.ctx.id, fence);
+    }
+
+    /// Blocks a thread kept after freeing them without a stream come back (Note [thread
+    /// fences] in `thread_cache.rs`): with `covered` (their fence completed) to the shared
+    /// index; otherwise to the fence queue, stamped now (a later fence than they need,
+    /// which keeps the queue's stamps in order).
+    ///
+    /// # Safety
+    /// The caller owns the blocks (they were in its thread cache) and gives them up.
+    pub unsafe fn take_kept(&self, blocks: &[BlockIdx], covered: bool) {
+        if blocks.is_empty() {
+            return;
+        }
+        let mut sh = self.shared.lock();
+        if covered {
+            for &idx in blocks {
+                self.insert_shared(&mut sh, idx);
+            }
+            return;
+        }
+        for &idx in blocks {
+            let d = BLOCKS.get(idx).data();
+            d.place = Place::AwaitingFence;
+            d.requested = 0;
+            d.stream = STREAMLESS;
+            d.free_epoch = sh.clock;
+            sh.fence_queue.push_back(&BLOCKS, idx);
+            sh.unsealed_fence_blocks += 1;
         }
     }
 }

@@ -43,6 +43,33 @@ impl DevicePool {
     }
 }
 
+impl DevicePool {
+    /// A streamless allocation served from the blocks the calling thread freed without a
+    /// stream and kept, once their fence is known complete (Note [thread fences]). As
+    /// [`DevicePool::alloc_cached`]; `None` on a miss.
+    #[inline]
+    pub fn alloc_kept(
+        &self,
+        cache: &mut ThreadCache,
+        c: &ThreadCounters,
+        size: u64,
+        requested: u64,
+    ) -> Option<u64> {
+        let idx = cache.take_streamless(self, size)?;
+        let b = BLOCKS.get(idx);
+        // SAFETY: the block came out of this thread's cache: this thread owns it.
+        let d = unsafe { b.data() };
+        d.place = Place::Allocated;
+        d.requested = requested;
+        d.stream = super::STREAMLESS;
+        d.handle = 0;
+        let ptr = d.ptr;
+        self.note_allocated(c, d.size, requested);
+        b.publish_allocated(ptr);
+        Some(ptr)
+    }
+}
+
 /// A block the program gave back ([`take_back`]), owned by the calling thread until it is
 /// filed ([`Taken::to_fence`], [`Taken::to_stream`]) or left with the program
 /// ([`Taken::keep`]). Dropping it instead would leave the block in no list and never
@@ -124,6 +151,18 @@ impl Taken {
     pub fn to_fence(self, cross_stream: bool) {
         // SAFETY: `take_back` made this thread the owner; `self` is consumed.
         unsafe { self.pool.free_to_fence(self.idx, cross_stream) };
+    }
+
+    /// Freed without a stream: kept by the calling thread's cache when it can (Note
+    /// [thread fences]), otherwise to the pool's fence queue.
+    #[inline]
+    pub fn to_fence_or_keep(self, cache: Option<&mut ThreadCache>) {
+        if let Some(cache) = cache {
+            if cache.put_streamless(self.pool, self.idx, self.size) {
+                return;
+            }
+        }
+        self.to_fence(false);
     }
 
     /// Freed on stream `s`: into the calling thread's cache when it keeps it, otherwise to

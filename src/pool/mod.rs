@@ -252,6 +252,9 @@ pub struct DevicePool {
     /// [`LIMIT_FROM_CONFIG`] = the `memory_limit` option (read when growing, so a change of
     /// the option takes effect at once).
     limit: AtomicU64,
+    /// Fences threads recorded for the streamless frees they keep (Note [thread fences]),
+    /// counted without the pool lock.
+    thread_fences: AtomicU64,
     /// The device's total memory, once asked (Note [release bound]).
     device_total: AtomicU64,
     capture_depth: AtomicU32,
@@ -292,6 +295,7 @@ impl DevicePool {
             }),
             events: std::sync::Mutex::new(()),
             limit: AtomicU64::new(LIMIT_FROM_CONFIG),
+            thread_fences: AtomicU64::new(0),
             device_total: AtomicU64::new(0),
             capture_depth: AtomicU32::new(0),
             lone_fence_streak: AtomicU32::new(0),

@@ -125,7 +125,7 @@ impl DevicePool {
     }
 
     /// Records a context fence for a batch of blocks a thread kept after freeing them
-    /// without a stream (Note [thread fences] in `thread_cache.rs`): the calling thread
+    /// without a stream (Note [thread fences] in `thread_cache/kept.rs`): the calling thread
     /// made those frees, so the fence is recorded after them. `None` while a capture is
     /// active, after exit, or when the driver refuses (the batch then waits for the pool).
     pub fn record_thread_fence(&self) -> Option<EventHandle> {

@@ -122,6 +122,25 @@ unsafe fn copy_text_out(
     Ok(())
 }
 
+/// [`copy_text_out`] of a text made only once the buffer arguments are known good (so a
+/// bad call costs nothing), under [`guard`].
+///
+/// # Safety
+/// As for [`copy_text_out`].
+unsafe fn text_export(
+    buf: *mut c_char,
+    buf_len: usize,
+    needed_out: *mut usize,
+    make: impl FnOnce() -> Result<String>,
+) -> CupoolStatus {
+    guard(|| {
+        if buf.is_null() && buf_len != 0 {
+            return Err(CupoolErrorInvalidValue);
+        }
+        copy_text_out(&make()?, buf, buf_len, needed_out)
+    })
+}
+
 /// A C string argument as UTF-8; NULL is `CUPOOL_ERROR_INVALID_VALUE`, bad UTF-8 `not_utf8`.
 ///
 /// # Safety
@@ -308,12 +327,8 @@ pub unsafe extern "C" fn cupool_stats_json(
     if let Some(api) = process_api::other_copy() {
         return (api.stats_json)(device, buf, buf_len, needed_out);
     }
-    guard(|| {
-        if buf.is_null() && buf_len != 0 {
-            return Err(CupoolErrorInvalidValue);
-        }
-        let json = runtime()?.stats(device_selection(device)?)?.to_json();
-        copy_text_out(&json, buf, buf_len, needed_out)
+    text_export(buf, buf_len, needed_out, || {
+        Ok(runtime()?.stats(device_selection(device)?)?.to_json())
     })
 }
 

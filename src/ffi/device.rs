@@ -4,7 +4,7 @@
 //! arguments and write out-parameters only on success.
 
 use super::{
-    copy_text_out, device_ordinal, device_selection, guard, process_api, required, stream_handle,
+    device_ordinal, device_selection, guard, process_api, required, stream_handle, text_export,
     to_c_pointer, write_optional, CUstream_st,
 };
 use crate::backend::DevicePtr;
@@ -133,12 +133,8 @@ pub unsafe extern "C" fn cupool_segments_json(
     if let Some(api) = process_api::other_copy() {
         return (api.segments_json)(device, buf, buf_len, needed_out);
     }
-    guard(|| {
-        if buf.is_null() && buf_len != 0 {
-            return Err(CupoolErrorInvalidValue);
-        }
+    text_export(buf, buf_len, needed_out, || {
         let segments = runtime()?.segments(device_selection(device)?)?;
-        let json = crate::runtime::segments_json(&segments);
-        copy_text_out(&json, buf, buf_len, needed_out)
+        Ok(crate::runtime::segments_json(&segments))
     })
 }

@@ -201,7 +201,7 @@ impl DevicePool {
         };
         // Plan under the pool lock; other threads map only with `events` held, so the
         // plan stays valid while the calls run.
-        let (g, steps, create_bytes) = {
+        let (base, g, steps, create_bytes) = {
             let mut sh = self.shared.lock();
             let reserved = sh.reserved;
             let a = sh.arena.as_mut().expect("arena block without an arena");
@@ -236,12 +236,12 @@ impl DevicePool {
             }
             // New memory counts against the limit from now on.
             let create_bytes = (allowed - create) * g;
+            let base = a.base;
             sh.reserved += create_bytes;
-            (g, steps, create_bytes)
+            (base, g, steps, create_bytes)
         };
         let mut outcome = Outcome::default();
         let mut failed: Option<BackendError> = None;
-        let net = |o: &Outcome| o.created as i64 - o.released as i64;
         for step in steps {
             if failed.is_some() {
                 // Not started: chunks go back where they were, or idle once unmapped.
@@ -250,12 +250,12 @@ impl DevicePool {
                 }
                 continue;
             }
-            if let Err(e) = self.run_step(step, g, &mut outcome) {
+            if let Err(e) = self.run_step(step, base, g, &mut outcome) {
                 failed = Some(e);
             }
         }
-        let complete = failed.is_none();
-        let net = net(&outcome);
+        // Granules created minus released: re-cuts do both.
+        let net = outcome.created as i64 - outcome.released as i64;
         {
             let mut sh = self.shared.lock();
             // Planned creations were counted already; re-cuts release and create.
@@ -275,7 +275,6 @@ impl DevicePool {
             None => Ok(()),
             Some(BackendError::OutOfMemory) => Err(CupoolStatus::CupoolErrorOutOfMemory),
             Some(e) => {
-                debug_assert!(!complete);
                 crate::log::info(&format!("cupool: mapping arena memory failed: {e:?}"));
                 Err(e.into())
             }
@@ -286,15 +285,15 @@ impl DevicePool {
     fn run_step(
         &self,
         step: Step,
+        base: u64,
         g: u64,
         out: &mut Outcome,
     ) -> core::result::Result<(), BackendError> {
         let ctx = self.ctx.id;
-        let base = self.arena_base();
         let addr = |gr: usize| base + gr as u64 * g;
         match step {
             Step::Map { chunk, at } => {
-                let chunk = self.unmap_taken(chunk, g, out)?;
+                let chunk = self.unmap_taken(chunk, base, g, out)?;
                 let bytes = chunk.len as u64 * g;
                 match timed(out, MAP, || {
                     self.backend
@@ -312,7 +311,7 @@ impl DevicePool {
                 }
             }
             Step::Recut { chunk, len, at } => {
-                let chunk = self.unmap_taken(chunk, g, out)?;
+                let chunk = self.unmap_taken(chunk, base, g, out)?;
                 if let Err(e) = timed(out, RELEASE, || {
                     self.backend.release_physical(ctx, chunk.handle)
                 }) {
@@ -330,9 +329,9 @@ impl DevicePool {
                 })?;
                 out.note_created(rest);
                 out.idle.push((NEW, Some((rest_handle, rest))));
-                self.create_and_map(len, at, g, out)
+                self.create_and_map(len, at, base, g, out)
             }
-            Step::Create { len, at } => self.create_and_map(len, at, g, out),
+            Step::Create { len, at } => self.create_and_map(len, at, base, g, out),
         }
     }
 
@@ -340,6 +339,7 @@ impl DevicePool {
         &self,
         len: u32,
         at: usize,
+        base: u64,
         g: u64,
         out: &mut Outcome,
     ) -> core::result::Result<(), BackendError> {
@@ -347,7 +347,7 @@ impl DevicePool {
         let bytes = len as u64 * g;
         let handle = timed(out, CREATE, || self.backend.create_physical(ctx, bytes))?;
         out.note_created(len);
-        let ptr = self.arena_base() + at as u64 * g;
+        let ptr = base + at as u64 * g;
         match timed(out, MAP, || {
             self.backend.map_physical(ctx, ptr, bytes, handle)
         }) {
@@ -368,13 +368,14 @@ impl DevicePool {
     fn unmap_taken(
         &self,
         chunk: Taken,
+        base: u64,
         g: u64,
         out: &mut Outcome,
     ) -> core::result::Result<Taken, BackendError> {
         let Some(was) = chunk.was_at else {
             return Ok(chunk);
         };
-        let at = self.arena_base() + was as u64 * g;
+        let at = base + was as u64 * g;
         let bytes = chunk.len as u64 * g;
         match timed(out, UNMAP, || {
             self.backend.unmap_physical(self.ctx.id, at, bytes)
@@ -395,10 +396,6 @@ impl DevicePool {
         }
     }
 
-    fn arena_base(&self) -> u64 {
-        self.shared.lock().arena.as_ref().map_or(0, |a| a.base)
-    }
-
     /// Unmaps every chunk wholly inside a free shared block of the arena and releases all
     /// idle physical memory; frees the reservation when nothing is left in it. Returns the
     /// bytes released.
@@ -408,15 +405,17 @@ impl DevicePool {
         }
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let ctx = self.ctx.id;
-        let Some((g, taken)) = ({
+        let Some((base, g, taken)) = ({
             let mut sh = self.shared.lock();
-            sh.arena.as_mut().map(|a| (a.granule, a.take_all_unused()))
+            sh.arena
+                .as_mut()
+                .map(|a| (a.base, a.granule, a.take_all_unused()))
         }) else {
             return 0;
         };
         let mut out = Outcome::default();
         for chunk in taken {
-            let Ok(chunk) = self.unmap_taken(chunk, g, &mut out) else {
+            let Ok(chunk) = self.unmap_taken(chunk, base, g, &mut out) else {
                 continue;
             };
             match timed(&mut out, RELEASE, || {

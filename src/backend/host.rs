@@ -624,29 +624,16 @@ impl Backend for HostBackend {
 
     fn unmap_physical(&self, _ctx: ContextId, ptr: DevicePtr, bytes: u64) -> BackendResult<()> {
         let mut s = self.state.lock();
-        // Whole mappings, back to back, covering the range exactly (as the driver wants).
-        let mut at = ptr;
-        let mut inside = Vec::new();
-        while at < ptr + bytes {
-            match s.vmm.mappings.get(&at) {
-                Some(&(_, b)) if at + b <= ptr + bytes => {
-                    inside.push(at);
-                    at += b;
-                }
-                _ => return Err(BackendError::InvalidValue),
-            }
+        match s.vmm.mappings.get(&ptr) {
+            Some(&(_, b)) if b == bytes => {}
+            _ => return Err(BackendError::InvalidValue),
         }
-        if inside.is_empty() {
-            return Err(BackendError::InvalidValue);
+        let (handle, _) = s.vmm.mappings.remove(&ptr).unwrap();
+        if let Some(h) = s.vmm.handles.get_mut(&handle) {
+            h.2 = None;
         }
-        for at in inside {
-            let (handle, _) = s.vmm.mappings.remove(&at).unwrap();
-            if let Some(h) = s.vmm.handles.get_mut(&handle) {
-                h.2 = None;
-            }
-            s.vmm.unmaps += 1;
-        }
-        // SAFETY: the range was mapped by map_physical inside a reservation of ours; its
+        s.vmm.unmaps += 1;
+        // SAFETY: the granule was mapped by map_physical inside a reservation of ours; its
         // pages are dropped and made inaccessible, the address space stays reserved.
         unsafe {
             libc::madvise(

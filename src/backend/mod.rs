@@ -166,8 +166,8 @@ pub trait Backend: Send + Sync + 'static {
         Err(BackendError::Unavailable)
     }
 
-    /// Unmaps what [`Backend::map_physical`] mapped in `[ptr, ptr + bytes)`, a range made of
-    /// one or more whole mappings (`cuMemUnmap`). No work may still use the range.
+    /// Unmaps what [`Backend::map_physical`] mapped at `ptr` (`cuMemUnmap`). No work may
+    /// still use the range.
     fn unmap_physical(&self, _ctx: ContextId, _ptr: DevicePtr, _bytes: u64) -> BackendResult<()> {
         Err(BackendError::Unavailable)
     }

@@ -15,18 +15,28 @@ use crate::config::{self, Key};
 use crate::status::{CupoolStatus, Result};
 use core::sync::atomic::Ordering;
 
-/// Chunk id of memory created by the call at hand ([`Outcome::apply`] gives it one).
-const NEW: u32 = u32::MAX;
+/// A chunk in an [`Outcome`]: one the arena's books know, or memory just created (which
+/// [`Outcome::apply`] gives a record).
+#[derive(Copy, Clone)]
+enum ChunkRef {
+    Known(u32),
+    New { handle: u64, granules: u32 },
+}
 
-/// A chunk in an [`Outcome`]: its id, or `NEW` with the handle and granules of memory just
-/// created.
-type ChunkRef = (u32, Option<(u64, u32)>);
+impl ChunkRef {
+    fn id_in(self, a: &mut Arena) -> u32 {
+        match self {
+            ChunkRef::Known(id) => id,
+            ChunkRef::New { handle, granules } => a.new_chunk(handle, granules),
+        }
+    }
+}
 
 /// What the driver calls of one map or release did, applied to the arena's books in one
 /// go under the pool lock.
 #[derive(Default)]
 struct Outcome {
-    /// Chunks mapped now: (id, or `NEW` with handle and granules; first granule).
+    /// Chunks mapped now, with their first granule.
     mapped: Vec<(ChunkRef, usize)>,
     /// Chunks held and mapped nowhere.
     idle: Vec<ChunkRef>,
@@ -67,17 +77,13 @@ impl Outcome {
     }
 
     fn apply(self, a: &mut Arena) {
-        let id_of = |a: &mut Arena, id: u32, new: Option<(u64, u32)>| match new {
-            Some((handle, len)) => a.new_chunk(handle, len),
-            None => id,
-        };
-        for ((id, new), at) in self.mapped {
-            let id = id_of(a, id, new);
+        for (chunk, at) in self.mapped {
+            let id = chunk.id_in(a);
             a.maps += a.chunk_len(id) as u64;
             a.record_mapped(id, at);
         }
-        for (id, new) in self.idle {
-            let id = id_of(a, id, new);
+        for chunk in self.idle {
+            let id = chunk.id_in(a);
             a.record_idle(id);
         }
         for t in self.untouched {
@@ -301,11 +307,11 @@ impl DevicePool {
                 }) {
                     Ok(()) => {
                         out.map_calls += 1;
-                        out.mapped.push(((chunk.id, None), at));
+                        out.mapped.push((ChunkRef::Known(chunk.id), at));
                         Ok(())
                     }
                     Err(e) => {
-                        out.idle.push((chunk.id, None));
+                        out.idle.push(ChunkRef::Known(chunk.id));
                         Err(e)
                     }
                 }
@@ -315,7 +321,7 @@ impl DevicePool {
                 if let Err(e) = timed(out, RELEASE, || {
                     self.backend.release_physical(ctx, chunk.handle)
                 }) {
-                    out.idle.push((chunk.id, None));
+                    out.idle.push(ChunkRef::Known(chunk.id));
                     return Err(e);
                 }
                 out.releases += 1;
@@ -328,7 +334,10 @@ impl DevicePool {
                     self.backend.create_physical(ctx, rest as u64 * g)
                 })?;
                 out.note_created(rest);
-                out.idle.push((NEW, Some((rest_handle, rest))));
+                out.idle.push(ChunkRef::New {
+                    handle: rest_handle,
+                    granules: rest,
+                });
                 self.create_and_map(len, at, base, g, out)
             }
             Step::Create { len, at } => self.create_and_map(len, at, base, g, out),
@@ -353,11 +362,20 @@ impl DevicePool {
         }) {
             Ok(()) => {
                 out.map_calls += 1;
-                out.mapped.push(((NEW, Some((handle, len))), at));
+                out.mapped.push((
+                    ChunkRef::New {
+                        handle,
+                        granules: len,
+                    },
+                    at,
+                ));
                 Ok(())
             }
             Err(e) => {
-                out.idle.push((NEW, Some((handle, len))));
+                out.idle.push(ChunkRef::New {
+                    handle,
+                    granules: len,
+                });
                 Err(e)
             }
         }
@@ -429,7 +447,7 @@ impl DevicePool {
                 Err(e) => {
                     // Never seen from CUDA; the memory stays in the pool's books.
                     crate::log::warn(&format!("cupool: releasing arena memory failed: {e:?}"));
-                    out.idle.push((chunk.id, None));
+                    out.idle.push(ChunkRef::Known(chunk.id));
                 }
             }
         }

@@ -124,11 +124,11 @@ pub struct ReplayReport {
     pub free_time: OpTimes,
     /// Seconds the events took to replay, prelude and cleanup not counted.
     pub wall_seconds: f64,
-    /// VMM granules mapped and unmapped during the trace (`vmm:on`; each is a driver call
-    /// of tens of µs on a GPU).
+    /// VMM granules (2 MiB) mapped and unmapped during the trace (`vmm:on`).
     pub granule_maps: u64,
     pub granule_unmaps: u64,
-    /// Driver calls those took (map with its access grant; unmap).
+    /// Driver calls those took (map with its access grant; unmap): each costs tens of µs
+    /// on a GPU, whatever its size (Note [chunks] in `src/pool/arena.rs`).
     pub map_calls: u64,
     pub unmap_calls: u64,
     /// With a simulated GPU lag: microseconds of trace time the program would have spent

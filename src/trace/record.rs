@@ -368,7 +368,7 @@ fn call(
         Some((handle, id)) => (handle, id, false),
         None => (0, NO_STREAM_ID, true),
     };
-    push(Record {
+    push(|| Record {
         ticks: ticks(),
         ptr,
         size,
@@ -403,7 +403,7 @@ pub fn segment(action: DriverAction, ptr: u64, size: u64, device: i32) {
         return;
     }
     let kind = driver_kind(action);
-    push(Record {
+    push(|| Record {
         ticks: ticks(),
         ptr,
         size,
@@ -418,14 +418,17 @@ pub fn segment(action: DriverAction, ptr: u64, size: u64, device: i32) {
     });
 }
 
-/// Appends to this thread's buffer (Note [buffer hand-over]).
+/// Appends to this thread's buffer (Note [buffer hand-over]). `make` runs once the slot is
+/// known, so the record is written straight into it, one field at a time: a record built on
+/// the stack and then copied costs a failed store-to-load forward per event (the copy
+/// reads 16 bytes that two 8-byte stores have just written), about a fifth of the append.
 #[inline(always)]
-fn push(record: Record) {
+fn push(make: impl FnOnce() -> Record) {
     let buf = CURRENT.try_with(|c| c.get()).unwrap_or(core::ptr::null());
     let buf: &ThreadBuffer = if buf.is_null() {
         match attach() {
             Some(b) => b,
-            None => return push_orphan(record),
+            None => return push_orphan(make()),
         }
     } else {
         // SAFETY: buffers are leaked.
@@ -440,7 +443,7 @@ fn push(record: Record) {
     // SAFETY: `n < BUFFER_RECORDS`, the block's length. Only the owner (this thread)
     // writes slots, and only at the published length; no flusher reads at or past it
     // (Note [buffer hand-over]).
-    unsafe { slots.add(n).write(MaybeUninit::new(record)) };
+    unsafe { rows::write_fields(slots.add(n).cast::<Record>(), make()) };
     buf.len.store(n + 1, Ordering::Release);
 }
 

@@ -57,6 +57,30 @@ pub(super) struct Record {
 
 const _: () = assert!(core::mem::size_of::<Record>() == 64);
 
+/// Writes `r` into `slot` one field at a time (see `push`: no record-sized copy through
+/// the stack).
+///
+/// # Safety
+/// `slot` is valid for writes of a `Record` and aligned.
+#[inline(always)]
+pub(super) unsafe fn write_fields(slot: *mut Record, r: Record) {
+    use core::ptr::addr_of_mut;
+    // SAFETY: the caller's contract; each field pointer stays inside `*slot`.
+    unsafe {
+        addr_of_mut!((*slot).ticks).write(r.ticks);
+        addr_of_mut!((*slot).ptr).write(r.ptr);
+        addr_of_mut!((*slot).size).write(r.size);
+        addr_of_mut!((*slot).rounded).write(r.rounded);
+        addr_of_mut!((*slot).stream).write(r.stream);
+        addr_of_mut!((*slot).stream_id).write(r.stream_id);
+        addr_of_mut!((*slot).device).write(r.device);
+        addr_of_mut!((*slot).session).write(r.session);
+        addr_of_mut!((*slot).kind).write(r.kind);
+        addr_of_mut!((*slot).status).write(r.status);
+        addr_of_mut!((*slot).streamless).write(r.streamless);
+    }
+}
+
 /// A trace file and how its chunks are written.
 pub(super) struct Sink {
     file: File,

@@ -225,6 +225,34 @@ fn blocks_awaiting_a_fence_keep_their_memory_mapped() {
 }
 
 #[test]
+fn a_streams_own_mapped_free_beats_a_smaller_unmapped_shared_fit() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    let own = rt.alloc_async(30 * MIB as usize, S1).unwrap();
+    let hole = rt.alloc(20 * MIB as usize).unwrap();
+    let spacer = rt.alloc(4 * MIB as usize).unwrap();
+    // The hole goes back to the driver: a free shared block smaller than `own`, unmapped.
+    rt.free(hole).unwrap();
+    host.complete_all(ctx.id);
+    rt.empty_cache(Some(0)).unwrap();
+    // The device is behind: the freed block stays on its stream's list.
+    host.set_manual_completion(ctx.id, true);
+    rt.free_async(own, S1).unwrap();
+    let maps = host.counters().vmm_maps;
+    // The shared index's best fit by size is the hole, which needs granules mapped; the
+    // stream's own free block is mapped and serves the request without a driver call.
+    let p = rt.alloc_async(18 * MIB as usize, S1).unwrap();
+    assert_eq!(p, own, "the stream's own block, already mapped");
+    assert_eq!(host.counters().vmm_maps, maps, "no driver mapping");
+    fill(p, 18 * MIB, 7);
+    rt.context_pool(ctx).unwrap().check_invariants().unwrap();
+    rt.free_async(p, S1).unwrap();
+    rt.free(spacer).unwrap();
+    host.set_manual_completion(ctx.id, false);
+    empty_and_check_nothing_left(rt, host, ctx);
+}
+
+#[test]
 fn no_mapping_while_a_capture_is_active() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, host, ctx) = vmm_setup(true);

@@ -127,33 +127,35 @@ impl DevicePool {
         let mut sh = self.shared.lock();
         // SAFETY: pool lock held for every record touched below.
         unsafe {
-            if let Some(s) = req.stream {
-                if let Some(&pos) = sh.stream_pos.get(&s.id) {
-                    // The stream's own block unless the shared index has a smaller fit.
-                    let own = sh.streams[pos].index(kind).find(&BLOCKS, size);
-                    let shared = sh.index(kind).find(&BLOCKS, size);
-                    let size_of = |i: BlockIdx| BLOCKS.get(i).data().size;
-                    let use_own = match (own, shared) {
-                        (Some(o), Some(g)) => size_of(o) <= size_of(g),
-                        (Some(_), None) => true,
-                        _ => false,
-                    };
-                    if let (true, Some(idx)) = (use_own, own) {
-                        let st = &mut sh.streams[pos];
-                        st.index(kind).remove(&BLOCKS, idx);
-                        BLOCKS.get(idx).data().place = Place::Allocated;
-                        match self.split(&mut sh, idx, size, kind, Place::FreeOnStream, true) {
-                            Some(rest) => {
-                                let st = &mut sh.streams[pos];
-                                st.age.replace(&BLOCKS, idx, rest);
-                                st.index(kind).insert(&BLOCKS, rest);
-                            }
-                            None => sh.streams[pos].age.remove(&BLOCKS, idx),
-                        }
+            // The stream's own block unless the shared index has a smaller fit that needs
+            // no mapping: in the VMM arena a smaller shared fit may lie over unmapped
+            // granules, while the stream's own frees are always mapped (pinned).
+            let own_pos = req.stream.and_then(|s| sh.stream_pos.get(&s.id).copied());
+            let own = own_pos.and_then(|pos| sh.streams[pos].index(kind).find(&BLOCKS, size));
+            if let (Some(pos), Some(own)) = (own_pos, own) {
+                let shared = sh.index(kind).find(&BLOCKS, size);
+                let size_of = |i: BlockIdx| BLOCKS.get(i).data().size;
+                if shared.is_some_and(|g| size_of(g) < size_of(own)) {
+                    let (idx, mapped) = self.take_shared(&mut sh, req)?;
+                    if mapped {
                         drop(sh);
                         return Some(self.hand_out(c, idx, req));
                     }
+                    self.insert_shared(&mut sh, idx);
                 }
+                let st = &mut sh.streams[pos];
+                st.index(kind).remove(&BLOCKS, own);
+                BLOCKS.get(own).data().place = Place::Allocated;
+                match self.split(&mut sh, own, size, kind, Place::FreeOnStream, true) {
+                    Some(rest) => {
+                        let st = &mut sh.streams[pos];
+                        st.age.replace(&BLOCKS, own, rest);
+                        st.index(kind).insert(&BLOCKS, rest);
+                    }
+                    None => sh.streams[pos].age.remove(&BLOCKS, own),
+                }
+                drop(sh);
+                return Some(self.hand_out(c, own, req));
             }
             let (idx, mapped) = self.take_shared(&mut sh, req)?;
             if !mapped && !remap {

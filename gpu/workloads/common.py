@@ -90,9 +90,14 @@ def alloc_conf():
 
 
 def detect_mode():
-    """native | expandable | nocache | preload, from the environment and the process."""
+    """native | expandable | async | cupool | rmm | nocache | preload, from the environment
+    and the process."""
     if preload_active():
         return "preload"
+    if os.environ.get("WORKLOAD_ALLOCATOR") in ("cupool", "rmm"):
+        return os.environ["WORKLOAD_ALLOCATOR"]
+    if "backend:cudamallocasync" in alloc_conf().replace(" ", "").lower():
+        return "async"
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
         return "nocache"
     if "expandable_segments:true" in alloc_conf().replace(" ", "").lower():
@@ -101,7 +106,28 @@ def detect_mode():
 
 
 def torch_caching_allocator_in_use():
-    return os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1"
+    return (os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1"
+            and os.environ.get("WORKLOAD_ALLOCATOR") not in ("cupool", "rmm"))
+
+
+def switch_allocator():
+    """WORKLOAD_ALLOCATOR=cupool: PyTorch on cupool through `cupool.torch.enable()` (the
+    package from python/ on PYTHONPATH, its library from CUPOOL_LIBRARY); =rmm: RMM's pool
+    resource through `rmm.allocators.torch` (the pool's initial size is RMM's default).
+    Before the first CUDA allocation. Returns what to report, or None."""
+    which = os.environ.get("WORKLOAD_ALLOCATOR")
+    if which == "cupool":
+        import cupool
+        import cupool.torch
+        cupool.torch.enable()
+        return "cupool.torch.enable()"
+    if which == "rmm":
+        import rmm
+        from rmm.allocators.torch import rmm_torch_allocator
+        rmm.reinitialize(pool_allocator=True)
+        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+        return f"rmm {rmm.__version__} pool resource"
+    return None
 
 
 # ---------------------------------------------------------------------------------------
@@ -322,8 +348,9 @@ TORCH_STAT_KEYS = (
 
 
 def torch_allocator_stats(device_index, check_expandable=False):
-    """PyTorch's caching-allocator peaks and counters (None under no caching: not counted)."""
-    if not torch_caching_allocator_in_use():
+    """PyTorch's caching-allocator peaks and counters (None under no caching and RMM: not
+    counted). Under `cupool.torch.enable()` they are cupool's, through the patched calls."""
+    if not torch_caching_allocator_in_use() and os.environ.get("WORKLOAD_ALLOCATOR") != "cupool":
         return None
     out = {
         "max_memory_reserved": int(torch.cuda.max_memory_reserved(device_index)),
@@ -450,6 +477,7 @@ class Harness:
         torch.backends.cudnn.deterministic = True
         torch.set_float32_matmul_precision("high")
 
+        self.allocator = switch_allocator()
         self.device_index = torch.cuda.current_device()
         self.device = torch.device("cuda", self.device_index)
         # Create the context before the start value is read: the peak is what the workload
@@ -496,7 +524,8 @@ class Harness:
             "loss_checksum": checksum(self.losses),
             **peak,
             "torch": torch_allocator_stats(self.device_index, self.mode == "expandable"),
-            "cupool": cupool_stats() if self.mode == "preload" or preload_active() else None,
+            "cupool": self.cupool_stats(),
+            "allocator": self.allocator,
             "env": {k: os.environ.get(k) for k in (
                 "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
                 "LD_PRELOAD", "CUPOOL_TRACE", "CUPOOL_CONF") if os.environ.get(k)},
@@ -509,6 +538,14 @@ class Harness:
         if self.snapshot is not None:
             out["snapshot"] = self.snapshot.finish()
         return out
+
+    def cupool_stats(self):
+        if self.mode == "preload" or preload_active():
+            return cupool_stats()
+        if self.mode == "cupool":
+            import cupool
+            return cupool.stats()
+        return None
 
     def finish(self, extra=None, status="ok", error=None):
         out = self.result(status, extra, error)

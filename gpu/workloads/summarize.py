@@ -19,7 +19,7 @@ import os
 import sys
 
 GIB = float(1 << 30)
-MODES_ORDER = ("native", "expandable", "preload")
+MODES_ORDER = ("native", "expandable", "async", "rmm", "cupool", "preload")
 
 
 def read_runs(outdir):

@@ -55,10 +55,18 @@ def enabled() -> bool:
     return _allocator is not None
 
 
-def enable() -> None:
+def enable(shim: bool = False) -> None:
     """Makes cupool PyTorch's CUDA allocator. Call it before the first CUDA allocation
     (right after ``import torch``): PyTorch cannot swap an allocator it has started. A
-    second call does nothing."""
+    second call does nothing.
+
+    With ``shim=True`` a small C++ extension (``_torch_shim.cpp``, built once against the
+    installed PyTorch with ``torch.utils.cpp_extension``: a C++ compiler and the CUDA
+    headers are needed; the first build takes about a minute) stands in for PyTorch's
+    pluggable allocator and adds what plain C hooks cannot: ``cudnn.benchmark = True``
+    works (PyTorch's pluggable allocator raises "does not yet support cacheInfo"), and out
+    of memory raises ``torch.OutOfMemoryError`` (the pluggable allocator gives the tensor a
+    NULL pointer)."""
     global _allocator
     import torch  # noqa: PLC0415 - torch is optional: imported only here
 
@@ -73,6 +81,10 @@ def enable() -> None:
             )
         if torch.cuda.is_initialized():
             raise AlreadyInitializedError(_too_late_message())
+        if shim:
+            _allocator = _install_shim(torch)
+            _patch(torch)
+            return
         allocator = memory.CUDAPluggableAllocator(
             _lib.loaded_path(), "cupool_torch_alloc", "cupool_torch_free"
         )
@@ -89,6 +101,42 @@ def enable() -> None:
             raise
         _allocator = allocator
         _patch(torch)
+
+
+def _install_shim(torch: Any) -> Any:
+    """Builds (once; PyTorch caches the build) and installs the C++ allocator of
+    ``_torch_shim.cpp``; returns its module."""
+    import pathlib  # noqa: PLC0415
+
+    from torch.utils import cpp_extension  # noqa: PLC0415
+
+    source = pathlib.Path(__file__).with_name("_torch_shim.cpp")
+    try:
+        module = cpp_extension.load(
+            name="cupool_torch_shim",
+            sources=[str(source)],
+            extra_cflags=["-O2"],
+            with_cuda=True,
+            verbose=False,
+        )
+    except Exception as e:
+        raise RuntimeError(
+            f"cupool.torch.enable(shim=True): building {source.name} against PyTorch "
+            f"{torch.__version__} failed ({type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}); "
+            "enable() without shim=True works without a compiler"
+        ) from e
+    hooks = dict(_HOOKS)
+    module.install(
+        _lib.function_address("cupool_torch_alloc"),
+        _lib.function_address("cupool_torch_free"),
+        _lib.function_address(hooks["set_init_fn"]),
+        _lib.function_address(hooks["set_reset_fn"]),
+        _lib.function_address(hooks["set_memory_fraction_fn"]),
+        _lib.function_address(hooks["set_record_stream_fn"]),
+        _lib.function_address(hooks["set_base_alloc_fn"]),
+        _lib.function_address("cupool_mem_get_info"),
+    )
+    return module
 
 
 def _too_late_message() -> str:

@@ -153,6 +153,43 @@ def test_cuda_graphs_are_refused_clearly():
     assert "CUDA graphs are not supported with cupool" in out
 
 
+@needs_torch_gpu
+def test_shim_makes_cudnn_benchmark_work_and_matches_pytorch():
+    code = """
+        import sys, torch
+        if sys.argv[1] == "shim":
+            import cupool.torch
+            cupool.torch.enable(shim=True)
+        torch.backends.cudnn.benchmark = True
+        torch.manual_seed(0)
+        m = torch.nn.Conv2d(16, 32, 3, padding=1).cuda()
+        for hw in (32, 48, 64):
+            y = m(torch.randn(8, 16, hw, hw, device="cuda"))
+            y.sum().backward()
+        print(f"{float(y.float().abs().sum()):.4f}")
+        """
+    assert run(code, "shim").split()[-1] == run(code, "native").split()[-1]
+
+
+@needs_torch_gpu
+def test_shim_raises_pytorchs_out_of_memory_error():
+    out = run(
+        """
+        import torch, cupool.torch
+        cupool.torch.enable(shim=True)
+        keep = torch.ones(10, device="cuda")
+        try:
+            torch.empty(300 << 30, dtype=torch.uint8, device="cuda")
+            print("no error")
+        except torch.OutOfMemoryError as e:
+            print("raised", str(e).splitlines()[0])
+        print("still works", float(keep.sum()))
+        """
+    )
+    assert "raised CUDA out of memory (cupool)" in out, out
+    assert "still works 10.0" in out
+
+
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs CuPy")
 def test_cupy_checksums_match_cupys_pool():
     example = str(REPO / "examples" / "python_cupy.py")

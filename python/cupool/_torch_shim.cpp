@@ -61,8 +61,6 @@ struct CupoolAllocator final : Pluggable {
     *largest_block = mem_info_(device, &free_bytes, &total) == 0 ? free_bytes : 0;
   }
 
-  std::string name() override { return "cupool"; }
-
  private:
   MemInfoFn mem_info_;
 };

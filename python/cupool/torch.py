@@ -20,6 +20,8 @@ while the graph still uses it.
 from __future__ import annotations
 
 import collections
+import os
+import sys
 import threading
 import warnings
 from typing import Any
@@ -55,18 +57,20 @@ def enabled() -> bool:
     return _allocator is not None
 
 
-def enable(shim: bool = False) -> None:
+def enable(shim: bool | None = None) -> None:
     """Makes cupool PyTorch's CUDA allocator. Call it before the first CUDA allocation
     (right after ``import torch``): PyTorch cannot swap an allocator it has started. A
     second call does nothing.
 
-    With ``shim=True`` a small C++ extension (``_torch_shim.cpp``, built once against the
-    installed PyTorch with ``torch.utils.cpp_extension``: a C++ compiler and the CUDA
-    headers are needed; the first build takes about a minute) stands in for PyTorch's
-    pluggable allocator and adds what plain C hooks cannot: ``cudnn.benchmark = True``
-    works (PyTorch's pluggable allocator raises "does not yet support cacheInfo"), and out
-    of memory raises ``torch.OutOfMemoryError`` (the pluggable allocator gives the tensor a
-    NULL pointer)."""
+    ``shim``: a small C++ extension (``_torch_shim.cpp``, built once against the installed
+    PyTorch with ``torch.utils.cpp_extension``, which needs a C++ compiler and the CUDA
+    headers; the first build takes about a minute, later calls reuse it) stands in for
+    PyTorch's pluggable allocator and adds what plain C hooks cannot: out of memory raises
+    ``torch.OutOfMemoryError`` (PyTorch's pluggable allocator would give the tensor a NULL
+    pointer), and ``cudnn.benchmark = True`` works (the pluggable allocator raises "does
+    not yet support cacheInfo"). ``None`` (the default, or ``CUPOOL_TORCH_SHIM=1``/``0``):
+    the shim when it builds, else the pluggable allocator with a warning saying what is
+    lost. ``True``: the shim or an error. ``False``: the pluggable allocator."""
     global _allocator
     import torch  # noqa: PLC0415 - torch is optional: imported only here
 
@@ -81,10 +85,23 @@ def enable(shim: bool = False) -> None:
             )
         if torch.cuda.is_initialized():
             raise AlreadyInitializedError(_too_late_message())
-        if shim:
-            _allocator = _install_shim(torch)
-            _patch(torch)
-            return
+        if shim is None and os.environ.get("CUPOOL_TORCH_SHIM") in ("0", "1"):
+            shim = os.environ["CUPOOL_TORCH_SHIM"] == "1"
+        if shim is not False:
+            try:
+                _allocator = _install_shim(torch)
+            except RuntimeError as e:
+                if shim:
+                    raise
+                warnings.warn(
+                    f"{e}. Falling back to PyTorch's pluggable allocator: out of memory "
+                    "then gives a tensor a NULL pointer instead of raising, and "
+                    "cudnn.benchmark = True fails.",
+                    stacklevel=2,
+                )
+            if _allocator is not None:
+                _patch(torch)
+                return
         allocator = memory.CUDAPluggableAllocator(
             _lib.loaded_path(), "cupool_torch_alloc", "cupool_torch_free"
         )
@@ -108,9 +125,17 @@ def _install_shim(torch: Any) -> Any:
     ``_torch_shim.cpp``; returns its module."""
     import pathlib  # noqa: PLC0415
 
-    from torch.utils import cpp_extension  # noqa: PLC0415
+    try:
+        from torch.utils import cpp_extension  # noqa: PLC0415
+    except ImportError as e:
+        raise RuntimeError(f"cupool: the shim needs torch.utils.cpp_extension ({e})") from e
 
     source = pathlib.Path(__file__).with_name("_torch_shim.cpp")
+    print(
+        "cupool: loading the PyTorch allocator shim (built once, about a minute the first "
+        "time; CUPOOL_TORCH_SHIM=0 skips it)",
+        file=sys.stderr,
+    )
     try:
         module = cpp_extension.load(
             name="cupool_torch_shim",

@@ -159,3 +159,42 @@ def test_the_package_imports_without_torch_or_cupy():
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout
     assert out.strip() == "False False"
+
+
+def test_without_a_shim_build_enable_falls_back_and_says_what_is_lost():
+    # The stand-in has no torch.utils.cpp_extension: the C++ shim cannot be built.
+    out = check(
+        """
+        import warnings, torch, cupool.torch
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cupool.torch.enable()
+        assert cupool.torch.enabled()
+        print([str(w.message) for w in caught])
+        """
+    )
+    assert "Falling back to PyTorch's pluggable allocator" in out
+    assert "NULL pointer" in out and "cudnn.benchmark" in out
+
+
+def test_shim_true_fails_clearly_and_shim_off_is_quiet():
+    done = run(
+        """
+        import torch, cupool.torch
+        cupool.torch.enable(shim=True)
+        """
+    )
+    assert done.returncode != 0
+    assert "the shim needs torch.utils.cpp_extension" in done.stderr
+    quiet = check(
+        """
+        import os, warnings
+        os.environ["CUPOOL_TORCH_SHIM"] = "0"
+        import torch, cupool.torch
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cupool.torch.enable()
+        print("warnings", len(caught))
+        """
+    )
+    assert "warnings 0" in quiet

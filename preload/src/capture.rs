@@ -11,22 +11,10 @@
 use crate::cuda::*;
 use crate::guard::cuda_call;
 use crate::lifecycle;
-use crate::real::{self, typed};
-use crate::table::Slot;
+use crate::real;
+use crate::slots::sig;
 use core::ffi::{c_int, c_void};
 use cupool::backend::ContextId;
-
-type BeginV1Fn = unsafe extern "C" fn(CuHandle) -> CuResult;
-type BeginV2Fn = unsafe extern "C" fn(CuHandle, c_int) -> CuResult;
-type BeginToGraphFn = unsafe extern "C" fn(
-    CuHandle,
-    CuHandle,
-    *const c_void,
-    *const c_void,
-    usize,
-    c_int,
-) -> CuResult;
-type EndFn = unsafe extern "C" fn(CuHandle, *mut CuHandle) -> CuResult;
 
 /// Tells the pool a capture is starting, runs `begin`, and takes it back if the driver
 /// refused.
@@ -58,18 +46,16 @@ fn end_capture(end: impl FnOnce() -> CuResult) -> CuResult {
     rc
 }
 
-/// Exports hook `$name`: the real function of the same name (in `Slot::$slot`, of type
-/// `$real_type`) called with the arguments unchanged, wrapped in `$around`.
+/// Exports hook `$name`: the real function of the same name (`sig::$slot`) called with the
+/// arguments unchanged, wrapped in `$around`.
 macro_rules! capture_hook {
-    ($(#[$doc:meta])* $name:ident, $slot:ident, $real_type:ty, $around:ident,
+    ($(#[$doc:meta])* $name:ident, $slot:ident, $around:ident,
      ($($arg:ident: $arg_type:ty),*)) => {
         $(#[$doc])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $arg_type),*) -> CuResult {
             cuda_call(stringify!($name), || {
-                // SAFETY: the slot holds the real function named `$name`, whose signature
-                // is `$real_type`; the arguments pass unchanged.
-                let Some(real) = (unsafe { typed::<$real_type>(Slot::$slot) }) else {
+                let Some(real) = real::get::<sig::$slot>() else {
                     return CUDA_ERROR_NOT_INITIALIZED;
                 };
                 $around(|| unsafe { real($($arg),*) })
@@ -80,41 +66,41 @@ macro_rules! capture_hook {
 
 capture_hook!(
     /// `cuStreamBeginCapture(CUstream)` (v1, CUDA 10.0: global mode).
-    cuStreamBeginCapture, BeginCapture, BeginV1Fn, begin_capture, (stream: CuHandle)
+    cuStreamBeginCapture, BeginCapture, begin_capture, (stream: CuHandle)
 );
 capture_hook!(
     /// `cuStreamBeginCapture_ptsz(CUstream)`.
-    cuStreamBeginCapture_ptsz, BeginCapturePtsz, BeginV1Fn, begin_capture, (stream: CuHandle)
+    cuStreamBeginCapture_ptsz, BeginCapturePtsz, begin_capture, (stream: CuHandle)
 );
 capture_hook!(
     /// `cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode)`.
-    cuStreamBeginCapture_v2, BeginCaptureV2, BeginV2Fn, begin_capture,
+    cuStreamBeginCapture_v2, BeginCaptureV2, begin_capture,
     (stream: CuHandle, mode: c_int)
 );
 capture_hook!(
     /// `cuStreamBeginCapture_v2_ptsz(CUstream, CUstreamCaptureMode)`.
-    cuStreamBeginCapture_v2_ptsz, BeginCaptureV2Ptsz, BeginV2Fn, begin_capture,
+    cuStreamBeginCapture_v2_ptsz, BeginCaptureV2Ptsz, begin_capture,
     (stream: CuHandle, mode: c_int)
 );
 capture_hook!(
     /// `cuStreamBeginCaptureToGraph(CUstream, CUgraph, const CUgraphNode *, const
     /// CUgraphEdgeData *, size_t, CUstreamCaptureMode)` (CUDA 12.3).
-    cuStreamBeginCaptureToGraph, BeginCaptureToGraph, BeginToGraphFn, begin_capture,
+    cuStreamBeginCaptureToGraph, BeginCaptureToGraph, begin_capture,
     (stream: CuHandle, graph: CuHandle, dependencies: *const c_void, edge_data: *const c_void,
      count: usize, mode: c_int)
 );
 capture_hook!(
     /// `cuStreamBeginCaptureToGraph_ptsz`.
-    cuStreamBeginCaptureToGraph_ptsz, BeginCaptureToGraphPtsz, BeginToGraphFn, begin_capture,
+    cuStreamBeginCaptureToGraph_ptsz, BeginCaptureToGraphPtsz, begin_capture,
     (stream: CuHandle, graph: CuHandle, dependencies: *const c_void, edge_data: *const c_void,
      count: usize, mode: c_int)
 );
 capture_hook!(
     /// `cuStreamEndCapture(CUstream, CUgraph *)`.
-    cuStreamEndCapture, EndCapture, EndFn, end_capture, (stream: CuHandle, graph: *mut CuHandle)
+    cuStreamEndCapture, EndCapture, end_capture, (stream: CuHandle, graph: *mut CuHandle)
 );
 capture_hook!(
     /// `cuStreamEndCapture_ptsz(CUstream, CUgraph *)`.
-    cuStreamEndCapture_ptsz, EndCapturePtsz, EndFn, end_capture,
+    cuStreamEndCapture_ptsz, EndCapturePtsz, end_capture,
     (stream: CuHandle, graph: *mut CuHandle)
 );

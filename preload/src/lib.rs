@@ -6,9 +6,10 @@
 //! and asks it for every other entry point; XLA-style loaders `dlsym` each driver function
 //! from libcuda's handle; `-lcuda` programs bind to exported symbols. So this library
 //! exports `dlsym` ([`dlsym_hook`]), `cuGetProcAddress`/`_v2` ([`proc_address`]) and the
-//! hooked driver functions themselves ([`memory`], [`capture`]), all listed once in
-//! [`table`]. The real functions come from [`real`]. It also carries the whole cupool C
-//! API (the `cupool` crate is linked in), so one pool serves both faces.
+//! hooked driver functions themselves ([`memory`], [`capture`], [`peer`]), all listed once
+//! in [`table`]. The real functions come from [`real`], typed by [`slots`] (each driver
+//! function's exported name and signature, listed once). It also carries the whole cupool
+//! C API (the `cupool` crate is linked in), so one pool serves both faces.
 //!
 //! Lifecycle ([`lifecycle`]): nothing but two atomics-and-libc steps at load; the pool
 //! starts at the first allocation; exit and fork handlers keep the pool away from a dying
@@ -29,6 +30,7 @@ pub mod memory;
 pub mod peer;
 pub mod proc_address;
 pub mod real;
+pub mod slots;
 pub mod table;
 
 // Keep the cupool C API in this library's exports.

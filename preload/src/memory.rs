@@ -10,24 +10,13 @@
 use crate::cuda::*;
 use crate::guard::cuda_call;
 use crate::lifecycle;
-use crate::real::{self, typed};
-use crate::table::Slot;
+use crate::real;
+use crate::slots::{sig, MemFreeAsyncFn, RealFn};
 use core::cell::Cell;
 use core::ffi::{c_int, c_uint, c_void};
 use cupool::backend::ContextId;
 use cupool::runtime::{BlockInfo, Runtime};
 use cupool::CupoolStatus;
-
-type MemAllocFn = unsafe extern "C" fn(*mut CuDevicePtr, usize) -> CuResult;
-type MemFreeFn = unsafe extern "C" fn(CuDevicePtr) -> CuResult;
-type MemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult;
-type MemGetAddressRangeFn =
-    unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, CuDevicePtr) -> CuResult;
-type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, CuDevicePtr) -> CuResult;
-type PointerGetAttributeFn = unsafe extern "C" fn(*mut c_void, c_int, CuDevicePtr) -> CuResult;
-type PointerGetAttributesFn =
-    unsafe extern "C" fn(c_uint, *mut c_int, *mut *mut c_void, CuDevicePtr) -> CuResult;
-type MemFreeAsyncFn = unsafe extern "C" fn(CuDevicePtr, CuHandle) -> CuResult;
 
 thread_local! {
     /// Set while this thread is inside the pool on behalf of a hook: a driver call the pool
@@ -76,7 +65,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytesize: usize) 
 
 unsafe fn mem_alloc(dptr: *mut CuDevicePtr, bytesize: usize) -> CuResult {
     // SAFETY: the slot's exported function has this signature.
-    let Some(real) = (unsafe { typed::<MemAllocFn>(Slot::MemAlloc) }) else {
+    let Some(real) = real::get::<sig::MemAlloc>() else {
         return NO_DRIVER;
     };
     // NULL out-pointer and size 0 are the driver's to reject; after exit started the
@@ -117,7 +106,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CuDevicePtr) -> CuResult {
 
 unsafe fn mem_free(dptr: CuDevicePtr) -> CuResult {
     // SAFETY: the slot's exported function has this signature.
-    let Some(real) = (unsafe { typed::<MemFreeFn>(Slot::MemFree) }) else {
+    let Some(real) = real::get::<sig::MemFree>() else {
         return NO_DRIVER;
     };
     // `cudaFree(0)` arrives as `cuMemFree_v2(0)`: the driver's to answer.
@@ -170,7 +159,7 @@ fn free_failed(
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: CuDevicePtr, stream: CuHandle) -> CuResult {
     // SAFETY: arguments forwarded as received.
     cuda_call("cuMemFreeAsync", || unsafe {
-        mem_free_async(Slot::MemFreeAsync, dptr, stream, stream as usize)
+        mem_free_async::<sig::MemFreeAsync>(dptr, stream, stream as usize)
     })
 }
 
@@ -184,20 +173,18 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: CuHandle
     };
     // SAFETY: arguments forwarded as received.
     cuda_call("cuMemFreeAsync_ptsz", || unsafe {
-        mem_free_async(Slot::MemFreeAsyncPtsz, dptr, stream, pool_stream)
+        mem_free_async::<sig::MemFreeAsyncPtsz>(dptr, stream, pool_stream)
     })
 }
 
 /// A pool block freed stream-ordered goes back to the pool on that stream (reusable there
 /// at once, elsewhere after the stream's work); anything else is the driver's.
-unsafe fn mem_free_async(
-    slot: Slot,
+unsafe fn mem_free_async<S: RealFn<Fn = MemFreeAsyncFn>>(
     dptr: CuDevicePtr,
     stream: CuHandle,
     pool_stream: usize,
 ) -> CuResult {
-    // SAFETY: both free-async variants have this signature.
-    let Some(real) = (unsafe { typed::<MemFreeAsyncFn>(slot) }) else {
+    let Some(real) = real::get::<S>() else {
         return NO_DRIVER;
     };
     let Some(rt) = lifecycle::runtime_if_started() else {
@@ -228,7 +215,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 
 unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> CuResult {
     // SAFETY: the slot's exported function has this signature.
-    let Some(real) = (unsafe { typed::<MemGetInfoFn>(Slot::MemGetInfo) }) else {
+    let Some(real) = real::get::<sig::MemGetInfo>() else {
         return NO_DRIVER;
     };
     // The driver validates both pointers (NULL included) and writes them on success.
@@ -274,7 +261,7 @@ unsafe fn mem_get_address_range(
     dptr: CuDevicePtr,
 ) -> CuResult {
     // SAFETY: the slot's exported function has this signature.
-    let Some(real) = (unsafe { typed::<MemGetAddressRangeFn>(Slot::MemGetAddressRange) }) else {
+    let Some(real) = real::get::<sig::MemGetAddressRange>() else {
         return NO_DRIVER;
     };
     let Some(block) = pool_block_containing(dptr) else {
@@ -330,7 +317,7 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut c_void, dptr: CuDevicePt
 
 unsafe fn ipc_get_mem_handle(handle: *mut c_void, dptr: CuDevicePtr) -> CuResult {
     // SAFETY: the slot's exported function has this signature.
-    let Some(real) = (unsafe { typed::<IpcGetMemHandleFn>(Slot::IpcGetMemHandle) }) else {
+    let Some(real) = real::get::<sig::IpcGetMemHandle>() else {
         return NO_DRIVER;
     };
     if let Some(block) = pool_block_containing(dptr) {
@@ -360,7 +347,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
 ) -> CuResult {
     // SAFETY: arguments forwarded as received.
     cuda_call("cuPointerGetAttribute", || unsafe {
-        let Some(real) = typed::<PointerGetAttributeFn>(Slot::PointerGetAttribute) else {
+        let Some(real) = real::get::<sig::PointerGetAttribute>() else {
             return NO_DRIVER;
         };
         let rc = real(data, attribute, ptr);
@@ -383,7 +370,7 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
     // SAFETY: arguments forwarded as received; the arrays are read only after the driver
     // accepted them.
     cuda_call("cuPointerGetAttributes", || unsafe {
-        let Some(real) = typed::<PointerGetAttributesFn>(Slot::PointerGetAttributes) else {
+        let Some(real) = real::get::<sig::PointerGetAttributes>() else {
             return NO_DRIVER;
         };
         let rc = real(count, attributes, data, ptr);

@@ -13,20 +13,17 @@
 use crate::cuda::*;
 use crate::guard::cuda_call;
 use crate::lifecycle;
-use crate::real::typed;
-use crate::table::Slot;
+use crate::real;
+use crate::slots::sig;
 use core::ffi::c_uint;
 use cupool::backend::ContextId;
-
-type EnablePeerFn = unsafe extern "C" fn(CuHandle, c_uint) -> CuResult;
-type DisablePeerFn = unsafe extern "C" fn(CuHandle) -> CuResult;
 
 /// `cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)`.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: CuHandle, flags: c_uint) -> CuResult {
     cuda_call("cuCtxEnablePeerAccess", || {
         // SAFETY: the slot holds the real cuCtxEnablePeerAccess.
-        let Some(real) = (unsafe { typed::<EnablePeerFn>(Slot::CtxEnablePeerAccess) }) else {
+        let Some(real) = real::get::<sig::CtxEnablePeerAccess>() else {
             return CUDA_ERROR_NOT_INITIALIZED;
         };
         // SAFETY: arguments forwarded unchanged.
@@ -50,7 +47,7 @@ pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: CuHandle, flags: c_uint) ->
 pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer: CuHandle) -> CuResult {
     cuda_call("cuCtxDisablePeerAccess", || {
         // SAFETY: the slot holds the real cuCtxDisablePeerAccess.
-        let Some(real) = (unsafe { typed::<DisablePeerFn>(Slot::CtxDisablePeerAccess) }) else {
+        let Some(real) = real::get::<sig::CtxDisablePeerAccess>() else {
             return CUDA_ERROR_NOT_INITIALIZED;
         };
         // SAFETY: argument forwarded unchanged.

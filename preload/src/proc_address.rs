@@ -13,15 +13,12 @@
 use crate::cuda::*;
 use crate::guard::cuda_call;
 use crate::lifecycle;
-use crate::real::typed;
-use crate::table::{self, Slot};
+use crate::real;
+use crate::slots::sig;
+// The one import of the hook table by a hook: see the table's module note.
+use crate::table;
 use core::ffi::{c_char, c_int, c_void};
 use core::ptr::null_mut;
-
-type GetProcAddressFn =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult;
-type GetProcAddressV2Fn =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
 
 /// `cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)`
 /// (the 4-argument form of CUDA 11.3).
@@ -35,10 +32,10 @@ pub unsafe extern "C" fn cuGetProcAddress(
     cuda_call("cuGetProcAddress", || {
         // SAFETY: arguments forwarded as received.
         let rc = unsafe {
-            match typed::<GetProcAddressFn>(Slot::GetProcAddress) {
+            match real::get::<sig::GetProcAddress>() {
                 Some(real) => real(symbol, pfn, cuda_version, flags),
                 // A driver with only the 5-argument form: the status is optional there.
-                None => match typed::<GetProcAddressV2Fn>(Slot::GetProcAddressV2) {
+                None => match real::get::<sig::GetProcAddressV2>() {
                     Some(real) => real(symbol, pfn, cuda_version, flags, null_mut()),
                     None => return CUDA_ERROR_NOT_INITIALIZED,
                 },
@@ -62,7 +59,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 ) -> CuResult {
     cuda_call("cuGetProcAddress_v2", || {
         // SAFETY: the slot's exported function has this signature.
-        let Some(real) = (unsafe { typed::<GetProcAddressV2Fn>(Slot::GetProcAddressV2) }) else {
+        let Some(real) = real::get::<sig::GetProcAddressV2>() else {
             return CUDA_ERROR_NOT_INITIALIZED;
         };
         // SAFETY: arguments forwarded as received.

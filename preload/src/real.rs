@@ -8,8 +8,8 @@
 //! `dlsym` on libcuda's own handle, which searches libcuda and its dependencies only.
 //! Every address is cached in an atomic: no lock, no allocation after the first lookup.
 
-use crate::table::{Slot, SLOT_COUNT};
-use core::ffi::{c_int, c_void};
+use crate::slots::{sig, RealFn, Slot, SLOT_COUNT};
+use core::ffi::c_void;
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicPtr, Ordering::Acquire, Ordering::Release};
 
@@ -93,28 +93,23 @@ pub fn function_if_loaded(slot: Slot) -> Option<*mut c_void> {
     function(slot)
 }
 
-/// Casts a resolved address to the function type the slot has.
-///
-/// # Safety
-/// `F` must be the exact signature of `slot`'s exported function.
+/// libcuda's own implementation of the slot `S` names, typed as `S` says (the pairing of
+/// a slot with its signature is written once, in [`crate::slots`]); loads libcuda if needed.
 #[inline]
-pub unsafe fn typed<F: Copy>(slot: Slot) -> Option<F> {
-    debug_assert_eq!(
-        core::mem::size_of::<F>(),
-        core::mem::size_of::<*mut c_void>()
-    );
-    let p = function(slot)?;
-    // SAFETY: the caller names the right signature; fn pointers are pointer-sized.
-    Some(unsafe { core::mem::transmute_copy::<*mut c_void, F>(&p) })
+pub fn get<S: RealFn>() -> Option<S::Fn> {
+    const {
+        assert!(core::mem::size_of::<S::Fn>() == core::mem::size_of::<*mut c_void>());
+    }
+    let p = function(S::SLOT)?;
+    // SAFETY: `S::Fn` is the exported function's type (slots.rs); fn pointers are
+    // pointer-sized (checked above).
+    Some(unsafe { core::mem::transmute_copy::<*mut c_void, S::Fn>(&p) })
 }
-
-type CtxGetCurrentFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
 
 /// The calling thread's current context as the driver sees it; `None` when the driver is
 /// not initialised, or no context is current (the real call would then fail on its own).
 pub fn current_context() -> Option<u64> {
-    // SAFETY: `cuCtxGetCurrent(CUcontext *pctx)`.
-    let f = unsafe { typed::<CtxGetCurrentFn>(Slot::CtxGetCurrent) }?;
+    let f = get::<sig::CtxGetCurrent>()?;
     let mut ctx: *mut c_void = null_mut();
     // SAFETY: `ctx` is a valid out-pointer.
     let rc = unsafe { f(&mut ctx) };

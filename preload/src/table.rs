@@ -2,103 +2,21 @@
 //! libcuda exports, the `cuGetProcAddress` query it answers (base name, version range,
 //! stream flavour), and the hook that replaces it.
 //!
-//! Three users read it: the `dlsym` hook (exact exported name → hook), the
-//! `cuGetProcAddress` wrappers ((base name, version, flags) → hook) and the real-driver
-//! table in [`crate::real`] (slot → exported name to resolve in libcuda).
+//! Two users read it: the `dlsym` hook (exact exported name → hook) and the
+//! `cuGetProcAddress` wrappers ((base name, version, flags) → hook). The exported names
+//! and the real functions' types are in [`crate::slots`], which imports no hook.
+//!
+//! Imports: this table names every hook, so it imports the hook modules; no hook module
+//! imports it, except [`crate::proc_address`]: `cuGetProcAddress` answers with hooks from
+//! this table, and this table lists `cuGetProcAddress`'s own hook. That one cycle is
+//! inherent (a lookup function that can return itself) and stays.
 //!
 //! Versions follow the driver's `PFN_*_v<version>` typedefs: a hook is handed out only for
 //! the version range whose signature it has. `cuMemAlloc` asked at 2000 is the 32-bit v1
 //! ABI and is left alone; at 3020 and later it is `cuMemAlloc_v2`, which we hook.
 
+use crate::slots::Slot;
 use core::ffi::{c_char, c_void};
-
-/// A driver function whose real address the interposer keeps.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-#[repr(usize)]
-pub enum Slot {
-    MemAlloc = 0,
-    MemFree,
-    MemGetInfo,
-    MemGetAddressRange,
-    IpcGetMemHandle,
-    PointerGetAttribute,
-    PointerGetAttributes,
-    MemFreeAsync,
-    MemFreeAsyncPtsz,
-    BeginCapture,
-    BeginCapturePtsz,
-    BeginCaptureV2,
-    BeginCaptureV2Ptsz,
-    BeginCaptureToGraph,
-    BeginCaptureToGraphPtsz,
-    EndCapture,
-    EndCapturePtsz,
-    GetProcAddress,
-    GetProcAddressV2,
-    CtxEnablePeerAccess,
-    CtxDisablePeerAccess,
-    /// Not hooked: the hooks use it to find the calling thread's context.
-    CtxGetCurrent,
-}
-
-/// Number of [`Slot`]s.
-pub const SLOT_COUNT: usize = Slot::CtxGetCurrent as usize + 1;
-
-impl Slot {
-    /// The name libcuda exports for this exact variant, NUL-terminated.
-    pub const fn exported_name(self) -> &'static [u8] {
-        match self {
-            Slot::MemAlloc => b"cuMemAlloc_v2\0",
-            Slot::MemFree => b"cuMemFree_v2\0",
-            Slot::MemGetInfo => b"cuMemGetInfo_v2\0",
-            Slot::MemGetAddressRange => b"cuMemGetAddressRange_v2\0",
-            Slot::IpcGetMemHandle => b"cuIpcGetMemHandle\0",
-            Slot::PointerGetAttribute => b"cuPointerGetAttribute\0",
-            Slot::PointerGetAttributes => b"cuPointerGetAttributes\0",
-            Slot::MemFreeAsync => b"cuMemFreeAsync\0",
-            Slot::MemFreeAsyncPtsz => b"cuMemFreeAsync_ptsz\0",
-            Slot::BeginCapture => b"cuStreamBeginCapture\0",
-            Slot::BeginCapturePtsz => b"cuStreamBeginCapture_ptsz\0",
-            Slot::BeginCaptureV2 => b"cuStreamBeginCapture_v2\0",
-            Slot::BeginCaptureV2Ptsz => b"cuStreamBeginCapture_v2_ptsz\0",
-            Slot::BeginCaptureToGraph => b"cuStreamBeginCaptureToGraph\0",
-            Slot::BeginCaptureToGraphPtsz => b"cuStreamBeginCaptureToGraph_ptsz\0",
-            Slot::EndCapture => b"cuStreamEndCapture\0",
-            Slot::EndCapturePtsz => b"cuStreamEndCapture_ptsz\0",
-            Slot::GetProcAddress => b"cuGetProcAddress\0",
-            Slot::GetProcAddressV2 => b"cuGetProcAddress_v2\0",
-            Slot::CtxEnablePeerAccess => b"cuCtxEnablePeerAccess\0",
-            Slot::CtxDisablePeerAccess => b"cuCtxDisablePeerAccess\0",
-            Slot::CtxGetCurrent => b"cuCtxGetCurrent\0",
-        }
-    }
-
-    /// Every slot, in index order.
-    pub const ALL: [Slot; SLOT_COUNT] = [
-        Slot::MemAlloc,
-        Slot::MemFree,
-        Slot::MemGetInfo,
-        Slot::MemGetAddressRange,
-        Slot::IpcGetMemHandle,
-        Slot::PointerGetAttribute,
-        Slot::PointerGetAttributes,
-        Slot::MemFreeAsync,
-        Slot::MemFreeAsyncPtsz,
-        Slot::BeginCapture,
-        Slot::BeginCapturePtsz,
-        Slot::BeginCaptureV2,
-        Slot::BeginCaptureV2Ptsz,
-        Slot::BeginCaptureToGraph,
-        Slot::BeginCaptureToGraphPtsz,
-        Slot::EndCapture,
-        Slot::EndCapturePtsz,
-        Slot::GetProcAddress,
-        Slot::GetProcAddressV2,
-        Slot::CtxEnablePeerAccess,
-        Slot::CtxDisablePeerAccess,
-        Slot::CtxGetCurrent,
-    ];
-}
 
 /// Which `cuGetProcAddress` flags a variant answers.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -13,7 +13,8 @@ use std::collections::BTreeSet;
 use std::ffi::CStr;
 
 use api_symbols::{assert_exports_exactly, header_functions, header_path, soname};
-use cupool_preload::table::{Slot, HOOKS};
+use cupool_preload::slots::Slot;
+use cupool_preload::table::HOOKS;
 
 /// The exported name of each hooked driver entry point.
 fn hooked_names() -> BTreeSet<String> {

@@ -468,6 +468,21 @@ cupool_status cupool_segment_of(const void *ptr, void **base_out, size_t *size_o
 cupool_status cupool_segments_json(int device, char *buf, size_t buf_len, size_t *needed_out);
 
 /**
+ * Makes the pool of `device` (an ordinal; -1: the calling thread's current context) take
+ * from the driver now whatever it lacks to hold `bytes`, and keep that much from then on:
+ * `cupool_empty_cache` and the other releases never go below it (the `reserve` option
+ * does the same when a pool starts). `bytes` 0 ends the reserve (the next
+ * `cupool_empty_cache` gives it back). Writes the bytes taken now to `*taken_out` (may be
+ * NULL). Over the memory limit, or when the driver has not that much free:
+ * `CUPOOL_ERROR_OUT_OF_MEMORY`, and the reserve stays what it was; during a stream
+ * capture: `CUPOOL_ERROR_STREAM_CAPTURE`.
+ *
+ * # Safety
+ * `taken_out` is NULL or valid for a write.
+ */
+cupool_status cupool_reserve(int device, size_t bytes, size_t *taken_out);
+
+/**
  * Allocates `size` bytes for PyTorch on `device`, in stream order on `stream` (its current
  * stream); see `cupool_alloc_async_device` for how the device is chosen. Returns NULL for
  * `size` 0 (PyTorch's empty tensors hold no memory) and on failure: after out of memory

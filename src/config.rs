@@ -21,6 +21,100 @@ pub enum ValueKind {
     Count,
     /// One of a fixed set of words.
     Choice(&'static [&'static str]),
+    /// `reserve`: bytes, or a fraction of the free memory (`0.9`), optionally for one
+    /// device only (`1=8G`). Kept as a [`ReserveSpec`] packed in the option's `u64`.
+    Reserve,
+}
+
+/// How much a `reserve` claims.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum ReserveAmount {
+    Bytes(u64),
+    /// Of the device's free memory when its pool starts, in (0, 1].
+    Fraction(f64),
+}
+
+/// The `reserve` option, parsed (Note [reserve] in `pool/reserve.rs`).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct ReserveSpec {
+    /// `None`: every device.
+    pub device: Option<u16>,
+    pub amount: ReserveAmount,
+}
+
+// The packing of a ReserveSpec in a u64: bits 0–46 the bytes, or the fraction in millionths
+// with bit 47 set; bits 48–63 the device plus one (0: every device).
+const RESERVE_FRACTION: u64 = 1 << 47;
+const RESERVE_VALUE: u64 = RESERVE_FRACTION - 1;
+const PPM: f64 = 1_000_000.0;
+
+impl ReserveSpec {
+    fn pack(self) -> u64 {
+        let device = self.device.map_or(0, |d| d as u64 + 1) << 48;
+        match self.amount {
+            ReserveAmount::Bytes(b) => device | b,
+            ReserveAmount::Fraction(f) => device | RESERVE_FRACTION | (f * PPM).round() as u64,
+        }
+    }
+
+    fn unpack(v: u64) -> ReserveSpec {
+        let device = match v >> 48 {
+            0 => None,
+            d => Some((d - 1) as u16),
+        };
+        let amount = if v & RESERVE_FRACTION != 0 {
+            ReserveAmount::Fraction((v & RESERVE_VALUE) as f64 / PPM)
+        } else {
+            ReserveAmount::Bytes(v & RESERVE_VALUE)
+        };
+        ReserveSpec { device, amount }
+    }
+
+    /// `[DEVICE=]AMOUNT`: a byte count (`8G`) or a fraction with a decimal point in (0, 1].
+    pub fn parse(v: &str) -> Option<ReserveSpec> {
+        let v = v.trim();
+        let (device, amount) = match v.split_once('=') {
+            Some((d, a)) => (
+                Some(d.trim().parse::<u16>().ok().filter(|&d| d < 0xfffe)?),
+                a.trim(),
+            ),
+            None => (None, v),
+        };
+        let is_fraction =
+            amount.contains('.') && amount.chars().all(|c| c.is_ascii_digit() || c == '.');
+        let amount = if is_fraction {
+            let f: f64 = amount.parse().ok()?;
+            if !(f > 0.0 && f <= 1.0) {
+                return None;
+            }
+            ReserveAmount::Fraction(f)
+        } else {
+            let b = parse_bytes(amount)?;
+            if b > RESERVE_VALUE {
+                return None;
+            }
+            ReserveAmount::Bytes(b)
+        };
+        Some(ReserveSpec { device, amount })
+    }
+}
+
+impl core::fmt::Display for ReserveSpec {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if let Some(d) = self.device {
+            write!(f, "{d}=")?;
+        }
+        match self.amount {
+            ReserveAmount::Bytes(b) => write!(f, "{b}"),
+            ReserveAmount::Fraction(x) => write!(f, "{x}"),
+        }
+    }
+}
+
+/// The `reserve` option; `None` when it is 0 (no reserve).
+pub fn reserve() -> Option<ReserveSpec> {
+    let spec = ReserveSpec::unpack(get(Key::Reserve));
+    (spec.amount != ReserveAmount::Bytes(0)).then_some(spec)
 }
 
 /// One option: its key, default, kind and the sentence the README shows.
@@ -49,6 +143,7 @@ pub enum Key {
     FenceSpareMax,
     GrowWaitUs,
     ReleaseAbovePercent,
+    Reserve,
     Vmm,
     VmmChunk,
     HostAutoComplete,
@@ -58,7 +153,7 @@ pub enum Key {
 pub const BACKENDS: &[&str] = &["cuda", "host"];
 pub const VMM_MODES: &[&str] = &["off", "on"];
 
-pub static OPTIONS: [OptionDesc; 16] = [
+pub static OPTIONS: [OptionDesc; 17] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -141,6 +236,13 @@ pub static OPTIONS: [OptionDesc; 16] = [
         default: "0",
         kind: ValueKind::Count,
         doc: "When the pool is about to take more memory from the driver and its reserved bytes would pass this percentage of its capacity (`memory_limit` if set, else the device's total memory), it first gives idle cached memory back (whole idle segments, largest first, then idle VMM memory), so that other processes keep room; thread caches count as idle. Like PyTorch's `garbage_collection_threshold`. 0 turns it off (out of memory still releases everything idle before failing).",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "reserve",
+        default: "0",
+        kind: ValueKind::Reserve,
+        doc: "Memory each device's pool takes from the driver when it starts, and keeps: bytes (`8G`), or a fraction of the device's free memory then (`0.9`); `DEVICE=` in front (`1=8G`) limits it to one device. The program's first allocations are then cache hits (no warm-up), and the memory is the program's before other processes take it. `empty_cache` and the other releases never go below it; `cupool_reserve` changes it at run time. With `vmm:on` the memory is held as idle physical memory, mapped where the first blocks need it. 0: no reserve.",
         runtime: true,
     },
     OptionDesc {
@@ -235,6 +337,7 @@ pub fn parse(kind: ValueKind, v: &str) -> Option<u64> {
             .iter()
             .position(|w| w.eq_ignore_ascii_case(v))
             .map(|i| i as u64),
+        ValueKind::Reserve => ReserveSpec::parse(v).map(ReserveSpec::pack),
     }
 }
 
@@ -245,6 +348,10 @@ pub fn describe(kind: ValueKind) -> String {
         ValueKind::Bytes => "a byte count such as 512, 64K, 2M or 8G".to_string(),
         ValueKind::Count => "a non-negative integer".to_string(),
         ValueKind::Choice(words) => format!("one of {}", words.join(", ")),
+        ValueKind::Reserve => {
+            "a byte count (8G), a fraction of the free memory (0.9), either after DEVICE= (1=8G)"
+                .to_string()
+        }
     }
 }
 
@@ -371,6 +478,7 @@ fn format_value(i: usize) -> String {
         ValueKind::Bool => (if v != 0 { "true" } else { "false" }).to_string(),
         ValueKind::Bytes | ValueKind::Count => v.to_string(),
         ValueKind::Choice(words) => words.get(v as usize).unwrap_or(&"?").to_string(),
+        ValueKind::Reserve => ReserveSpec::unpack(v).to_string(),
     }
 }
 
@@ -398,6 +506,56 @@ mod tests {
         assert_eq!(parse_bytes("12Q"), None);
         assert_eq!(parse_bytes("-1"), None);
         assert_eq!(parse_bytes("99999999999999999999T"), None);
+    }
+
+    #[test]
+    fn reserve_values_parse_and_print_back() {
+        let p = ReserveSpec::parse;
+        assert_eq!(
+            p("8G"),
+            Some(ReserveSpec {
+                device: None,
+                amount: ReserveAmount::Bytes(8 << 30)
+            })
+        );
+        assert_eq!(
+            p("0.9"),
+            Some(ReserveSpec {
+                device: None,
+                amount: ReserveAmount::Fraction(0.9)
+            })
+        );
+        assert_eq!(
+            p(" 1 = 2M "),
+            Some(ReserveSpec {
+                device: Some(1),
+                amount: ReserveAmount::Bytes(2 << 20)
+            })
+        );
+        assert_eq!(
+            p("0=0.25"),
+            Some(ReserveSpec {
+                device: Some(0),
+                amount: ReserveAmount::Fraction(0.25)
+            })
+        );
+        assert_eq!(
+            p("1.5G"),
+            Some(ReserveSpec {
+                device: None,
+                amount: ReserveAmount::Bytes(3 << 29)
+            })
+        );
+        for bad in [
+            "1.5", "0.0", "-1", "x=1G", "1=", "=1G", "8Q", "65535=1G", "200T",
+        ] {
+            assert_eq!(p(bad), None, "{bad}");
+        }
+        for v in ["8G", "0.9", "1=2M", "3=0.5", "0"] {
+            let spec = p(v).unwrap();
+            assert_eq!(ReserveSpec::unpack(spec.pack()), spec, "{v}");
+            assert_eq!(p(&spec.to_string()), Some(spec), "{v} prints back");
+        }
     }
 
     #[test]

@@ -138,3 +138,31 @@ pub unsafe extern "C" fn cupool_segments_json(
         Ok(crate::runtime::segments_json(&segments))
     })
 }
+
+/// Makes the pool of `device` (an ordinal; -1: the calling thread's current context) take
+/// from the driver now whatever it lacks to hold `bytes`, and keep that much from then on:
+/// `cupool_empty_cache` and the other releases never go below it (the `reserve` option
+/// does the same when a pool starts). `bytes` 0 ends the reserve (the next
+/// `cupool_empty_cache` gives it back). Writes the bytes taken now to `*taken_out` (may be
+/// NULL). Over the memory limit, or when the driver has not that much free:
+/// `CUPOOL_ERROR_OUT_OF_MEMORY`, and the reserve stays what it was; during a stream
+/// capture: `CUPOOL_ERROR_STREAM_CAPTURE`.
+///
+/// # Safety
+/// `taken_out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_reserve(
+    device: c_int,
+    bytes: usize,
+    taken_out: *mut usize,
+) -> CupoolStatus {
+    if let Some(api) = process_api::other_copy() {
+        return (api.reserve)(device, bytes, taken_out);
+    }
+    guard(|| {
+        let device = device_selection(device)?;
+        let taken = runtime()?.reserve(device, bytes as u64)?;
+        write_optional(taken_out, usize::try_from(taken).unwrap_or(usize::MAX));
+        Ok(())
+    })
+}

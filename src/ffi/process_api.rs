@@ -53,6 +53,7 @@ pub struct ProcessApiV1 {
     pub segment_of:
         unsafe extern "C" fn(*const c_void, *mut *mut c_void, *mut usize) -> CupoolStatus,
     pub segments_json: unsafe extern "C" fn(c_int, *mut c_char, usize, *mut usize) -> CupoolStatus,
+    pub reserve: unsafe extern "C" fn(c_int, usize, *mut usize) -> CupoolStatus,
 }
 
 static OWN_API: ProcessApiV1 = ProcessApiV1 {
@@ -78,6 +79,7 @@ static OWN_API: ProcessApiV1 = ProcessApiV1 {
     mem_get_info: super::device::cupool_mem_get_info,
     segment_of: super::device::cupool_segment_of,
     segments_json: super::device::cupool_segments_json,
+    reserve: super::device::cupool_reserve,
 };
 
 /// This copy's table, for the other copies of cupool in the process. Not in the header.

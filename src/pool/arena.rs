@@ -470,12 +470,26 @@ impl Arena {
 
     /// Takes every stealable and idle chunk, for release.
     pub fn take_all_unused(&mut self) -> Vec<Taken> {
+        self.take_unused(u64::MAX)
+    }
+
+    /// As [`Arena::take_all_unused`], but only chunks totalling at most `max_granules`
+    /// (a chunk that would pass it is left where it is): what a release may take when the
+    /// pool keeps a reserve.
+    pub fn take_unused(&mut self, max_granules: u64) -> Vec<Taken> {
         let mut out = Vec::new();
-        while let Some(&k) = self.stealable.iter().next() {
-            out.push(self.take_set(true, k));
-        }
-        while let Some(&k) = self.idle.iter().next() {
-            out.push(self.take_set(false, k));
+        let mut left = max_granules;
+        for stolen in [true, false] {
+            let set = if stolen { &self.stealable } else { &self.idle };
+            let fitting: Vec<(u32, u32)> =
+                set.iter().copied().filter(|k| k.0 as u64 <= left).collect();
+            for k in fitting {
+                if k.0 as u64 > left {
+                    continue;
+                }
+                left -= k.0 as u64;
+                out.push(self.take_set(stolen, k));
+            }
         }
         out
     }

@@ -46,6 +46,7 @@ pub mod handover;
 mod invariants;
 mod pool_stats;
 mod release;
+mod reserve;
 mod segments;
 pub mod size_class;
 mod size_policy;
@@ -145,6 +146,7 @@ pub fn pool_for(
     pool.set_limit(limit());
     POOLS[n].store(pool, Ordering::Release);
     POOL_COUNT.store(n as u32 + 1, Ordering::Release);
+    pool.reserve_from_config();
     Ok(pool)
 }
 
@@ -267,6 +269,8 @@ pub struct DevicePool {
     /// Whether large blocks come from a VMM arena (`vmm:on` when the pool was created, and
     /// the backend could reserve one).
     vmm: AtomicBool,
+    /// Bytes the pool keeps through releases (Note [reserve]).
+    reserve_floor: AtomicU64,
 }
 
 impl DevicePool {
@@ -302,6 +306,7 @@ impl DevicePool {
             peak_epoch: AtomicU64::new(0),
             peaks: core::array::from_fn(|_| AtomicU64::new(0)),
             vmm: AtomicBool::new(config::get(Key::Vmm) == 1),
+            reserve_floor: AtomicU64::new(0),
         }
     }
 

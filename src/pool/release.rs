@@ -16,11 +16,14 @@ impl DevicePool {
     }
 
     /// Gives idle segments back, largest first, until reserved bytes are at most `target`;
-    /// then, if still above, the VMM arena's idle memory. Returns the bytes released.
+    /// then, if still above, the VMM arena's idle memory. Never below the reserve (Note
+    /// [reserve]): a segment whose release would go under it is kept. Returns the bytes
+    /// released.
     fn release_idle_until(&self, c: &ThreadCounters, target: u64) -> u64 {
         if !self.may_order() {
             return 0;
         }
+        let floor = self.reserve_floor();
         let victims: Vec<(u64, u64)> = {
             let mut sh = self.shared.lock();
             let arena_base = sh.arena.as_ref().map(|a| a.base);
@@ -44,6 +47,9 @@ impl DevicePool {
             for (base, idx, size) in idle {
                 if left <= target {
                     break;
+                }
+                if left - size < floor {
+                    continue;
                 }
                 left -= size;
                 // SAFETY: pool lock held; `idx` is a free shared block in its index.

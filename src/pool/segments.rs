@@ -227,6 +227,30 @@ impl DevicePool {
         req: Request,
     ) -> Result<u64> {
         let Request { size, kind, .. } = req;
+        let idx = self.register_segment(c, ptr, seg_size, kind, Place::Allocated)?;
+        let mut sh = self.shared.lock();
+        // SAFETY: the record is ours (about to be handed out); pool lock held.
+        unsafe {
+            if let Some(rest) = self.split(&mut sh, idx, size, kind, Place::FreeShared, true) {
+                self.insert_shared(&mut sh, rest);
+            }
+        }
+        drop(sh);
+        Ok(self.hand_out(c, idx, req))
+    }
+
+    /// Books a segment the backend just gave (`ptr`, `seg_size` bytes) as one block in
+    /// `place`: reserved bytes, the address map, the segment list, the counters and the
+    /// trace. The caller puts the block where `place` says. On failure the segment goes
+    /// back to the backend.
+    pub(super) fn register_segment(
+        &self,
+        c: &ThreadCounters,
+        ptr: u64,
+        seg_size: u64,
+        kind: SegmentKind,
+        place: Place,
+    ) -> Result<BlockIdx> {
         if ptr % ALIGNMENT != 0 || ptr >= address_map::ADDRESS_LIMIT {
             // Never seen from CUDA; refuse rather than hand out memory we cannot track.
             let _ = self.backend.release(self.ctx.id, ptr, seg_size);
@@ -240,27 +264,21 @@ impl DevicePool {
         let mut sh = self.shared.lock();
         // SAFETY: the record is new and ours; pool lock held.
         unsafe {
-            // About to be handed out: a remainder split off below must not merge into it.
             *BLOCKS.get(idx).data() =
-                BlockData::segment_head(ptr, seg_size, self.index, kind, Place::Allocated);
+                BlockData::segment_head(ptr, seg_size, self.index, kind, place);
             BLOCKS.get(idx).publish_free(ptr);
             ADDRESSES.set(ptr, idx);
-            sh.segments.insert(ptr, idx);
-            sh.reserved += seg_size;
-            sh.reserved_peak = sh.reserved_peak.max(sh.reserved);
-            sh.slow.device_allocs += 1;
-            if c.raise(Level::Cached, seg_size, self.peak_epoch()).0 {
-                drop(sh);
-                self.update_peak(Level::Cached);
-                sh = self.shared.lock();
-            }
-            if let Some(rest) = self.split(&mut sh, idx, size, kind, Place::FreeShared, true) {
-                self.insert_shared(&mut sh, rest);
-            }
         }
+        sh.segments.insert(ptr, idx);
+        sh.reserved += seg_size;
+        sh.reserved_peak = sh.reserved_peak.max(sh.reserved);
+        sh.slow.device_allocs += 1;
         drop(sh);
+        if c.raise(Level::Cached, seg_size, self.peak_epoch()).0 {
+            self.update_peak(Level::Cached);
+        }
         crate::trace::record::segment_alloc(ptr, seg_size, self.ctx.device);
-        Ok(self.hand_out(c, idx, req))
+        Ok(idx)
     }
 
     /// The block of this pool that contains `ptr`, and its segment.

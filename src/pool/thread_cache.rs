@@ -432,6 +432,19 @@ pub fn with_thread<R>(f: impl FnOnce(&'static ThreadState, Option<&mut ThreadCac
     }
 }
 
+/// The calling thread's counters for `pool`, without touching its cache (so it may be
+/// called while a caller up the stack holds the cache).
+pub fn thread_counters(pool: u16) -> &'static ThreadCounters {
+    let cur = CURRENT.try_with(|c| c.get()).unwrap_or(core::ptr::null());
+    let ts = if cur.is_null() {
+        attach()
+    } else {
+        // SAFETY: records are leaked.
+        Some(unsafe { &*cur })
+    };
+    ts.unwrap_or_else(orphan).counters(pool)
+}
+
 /// Sum of one level of one pool over every thread.
 pub fn sum_level(pool: u16, level: Level) -> i64 {
     REGISTRY

@@ -423,11 +423,14 @@ impl DevicePool {
         }
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let ctx = self.ctx.id;
+        let floor = self.reserve_floor();
         let Some((base, g, taken)) = ({
             let mut sh = self.shared.lock();
+            // Note [reserve]: only what lies above the reserve may go.
+            let above = sh.reserved.saturating_sub(floor);
             sh.arena
                 .as_mut()
-                .map(|a| (a.base, a.granule, a.take_all_unused()))
+                .map(|a| (a.base, a.granule, a.take_unused(above / a.granule)))
         }) else {
             return 0;
         };

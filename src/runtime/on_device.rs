@@ -87,4 +87,17 @@ impl Runtime {
         self.lookup_containing(ptr)
             .map(|b| (b.segment_base, b.segment_size))
     }
+
+    /// Makes the pool of `device` (`None`: the calling thread's current context) hold and
+    /// keep `bytes` (Note [reserve] in `pool/reserve.rs`); returns the bytes taken now.
+    pub fn reserve(&self, device: Option<i32>, bytes: u64) -> Result<u64> {
+        let pool = match device {
+            None => self.current_pool()?,
+            Some(d) => self.pool_of(self.device_target(d, 0)?.0)?,
+        };
+        pool.reserve(
+            crate::pool::thread_cache::thread_counters(pool.index),
+            bytes,
+        )
+    }
 }

@@ -51,6 +51,23 @@ int main(void) {
     EXPECT_STATUS(cupool_get_memory_limit(0, NULL), CUPOOL_ERROR_INVALID_VALUE);
     EXPECT_STATUS(cupool_set_memory_limit(1 << 20, cap), CUPOOL_ERROR_INVALID_DEVICE);
 
+    /* A reserve: taken now, kept through empty_cache, refused past the limit. */
+    size_t taken = 0;
+    EXPECT_OK(cupool_empty_cache(NULL));
+    EXPECT_OK(cupool_reserve(0, 32u << 20, &taken));
+    EXPECT_EQ_U64(taken, 32u << 20);
+    EXPECT_OK(cupool_empty_cache(NULL));
+    EXPECT_EQ_U64(read_stats().reserved_bytes.current, 32u << 20);
+    EXPECT_OK(cupool_set_memory_limit(0, cap));
+    taken = 77;
+    EXPECT_STATUS(cupool_reserve(0, 64u << 20, &taken), CUPOOL_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ_U64(taken, 77); /* untouched on failure */
+    EXPECT_OK(cupool_set_memory_limit(0, 0));
+    EXPECT_STATUS(cupool_reserve(-7, 1, NULL), CUPOOL_ERROR_INVALID_DEVICE);
+    EXPECT_OK(cupool_reserve(-1, 0, NULL)); /* current device: the reserve ends */
+    EXPECT_OK(cupool_empty_cache(NULL));
+    EXPECT_EQ_U64(read_stats().reserved_bytes.current, 0);
+
     s = read_stats();
     EXPECT_EQ_U64(s.num_ooms, 2);
     EXPECT_EQ_U64(s.allocated_bytes.current, 0);

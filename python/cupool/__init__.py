@@ -34,6 +34,7 @@ __all__ = [
     "empty_cache",
     "set_memory_limit",
     "get_memory_limit",
+    "reserve",
     "reset_peak_stats",
     "config_get",
     "config_set",
@@ -113,6 +114,23 @@ def set_memory_limit(limit: int, device: int | None = None) -> None:
         raise ValueError("the limit is a number of bytes, 0 for none")
     for d in _devices(device):
         _lib.check(_lib.lib().cupool_set_memory_limit(d, int(limit)), "cupool: set_memory_limit")
+
+
+def reserve(nbytes: int, device: int | None = None) -> int:
+    """Makes the pool of ``device`` (``None``: the current device) take from the driver
+    now what it lacks to hold ``nbytes``, and keep that much through ``empty_cache`` (no
+    warm-up; the memory is claimed before other processes take it). 0 ends the reserve.
+    Returns the bytes taken now; raises :class:`OutOfMemoryError` past the memory limit or
+    what the device has free."""
+    if nbytes < 0:
+        raise ValueError("the reserve is a number of bytes, 0 for none")
+    taken = ctypes.c_size_t(0)
+    _lib.check(
+        _lib.lib().cupool_reserve(-1 if device is None else int(device), int(nbytes),
+                                  ctypes.byref(taken)),
+        "cupool: reserve",
+    )
+    return taken.value
 
 
 def get_memory_limit(device: int = 0) -> int:

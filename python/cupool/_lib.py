@@ -58,6 +58,7 @@ _PROTOTYPES = {
     "cupool_empty_cache_device": (_STATUS, [_INT, ctypes.POINTER(_SIZE)]),
     "cupool_set_memory_limit": (_STATUS, [_INT, _SIZE]),
     "cupool_get_memory_limit": (_STATUS, [_INT, ctypes.POINTER(_SIZE)]),
+    "cupool_reserve": (_STATUS, [_INT, _SIZE, ctypes.POINTER(_SIZE)]),
     "cupool_mem_get_info": (_STATUS, [_INT, ctypes.POINTER(_SIZE), ctypes.POINTER(_SIZE)]),
     "cupool_segment_of": (_STATUS, [_VOIDP, ctypes.POINTER(_VOIDP), ctypes.POINTER(_SIZE)]),
     "cupool_config_set": (_STATUS, [_CHARP, _CHARP]),

@@ -100,6 +100,24 @@ def test_memory_limit_gives_out_of_memory():
     cupool.free(ptr, stream=STREAM)
 
 
+def test_reserve_is_taken_now_and_kept_by_empty_cache():
+    cupool.empty_cache()
+    assert cupool.reserve(16 << 20, device=0) == 16 << 20
+    cupool.empty_cache()
+    assert cupool.stats(0)["reserved_bytes.all.current"] == 16 << 20
+    cupool.set_memory_limit(8 << 20, device=0)
+    try:
+        with pytest.raises(cupool.OutOfMemoryError):
+            cupool.reserve(32 << 20, device=0)
+    finally:
+        cupool.set_memory_limit(0, device=0)
+    with pytest.raises(ValueError):
+        cupool.reserve(-1)
+    assert cupool.reserve(0, device=0) == 0
+    cupool.empty_cache()
+    assert cupool.stats(0)["reserved_bytes.all.current"] == 0
+
+
 def test_memory_summary_shows_the_numbers():
     cupool.empty_cache()
     ptr = cupool.alloc(3 << 20, stream=STREAM)

@@ -13,7 +13,7 @@ use super::{
     StreamHandle, StreamId,
 };
 use crate::config::{self, Key};
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::cell::Cell;
 use std::collections::HashMap;
 
@@ -119,7 +119,21 @@ pub struct HostCounters {
 
 pub struct HostBackend {
     state: spin::Mutex<State>,
+    /// Contexts with manual completion, a lag or a capture: while there is none, a context
+    /// fence completes when recorded and is made without the state lock (Note [host
+    /// fences]).
+    special: AtomicUsize,
+    next_done_event: AtomicU64,
+    done_fences: AtomicU64,
 }
+
+/// Note [host fences]: with `host_auto_complete` and no context held in flight, lagging or
+/// capturing, every context fence is complete the moment it is recorded. Such a fence is a
+/// handle with [`DONE_EVENT`] set, counted in an atomic and kept nowhere, so the threads
+/// that fence their frees do not all queue on the state lock (a simulation artifact a GPU
+/// does not have: its events are per context); queries, waits and recycling answer it
+/// without the lock. Handles without the bit are the events of the state's table.
+const DONE_EVENT: u64 = 1 << 62;
 
 impl Default for HostBackend {
     fn default() -> Self {
@@ -130,6 +144,9 @@ impl Default for HostBackend {
 impl HostBackend {
     pub fn new() -> Self {
         HostBackend {
+            special: AtomicUsize::new(0),
+            next_done_event: AtomicU64::new(1),
+            done_fences: AtomicU64::new(0),
             state: spin::Mutex::new(State {
                 allocations: HashMap::new(),
                 live_bytes: [0; HOST_DEVICES as usize],
@@ -191,6 +208,12 @@ impl HostBackend {
         } else {
             s.manual.remove(&ctx.0);
         }
+        self.count_special(&s);
+    }
+
+    fn count_special(&self, s: &State) {
+        let n = s.manual.len() + s.lagging.len() + s.capturing.len();
+        self.special.store(n, Ordering::Release);
     }
 
     /// Makes the simulated device of `ctx` run `lag_us` microseconds behind the program
@@ -203,6 +226,7 @@ impl HostBackend {
         } else {
             s.lagging.insert(ctx.0, (lag_us, 0));
         }
+        self.count_special(&s);
     }
 
     /// Moves the simulated time of a lagging context to `now_us`: its events due by then
@@ -281,6 +305,7 @@ impl HostBackend {
         } else {
             s.capturing.remove(&ctx.0);
         }
+        self.count_special(&s);
     }
 
     /// The next creation of physical memory fails with `e` (fault injection).
@@ -298,7 +323,7 @@ impl HostBackend {
         HostCounters {
             allocs: s.allocs,
             releases: s.releases,
-            fences_recorded: s.fences_recorded,
+            fences_recorded: s.fences_recorded + self.done_fences.load(Ordering::Relaxed),
             live_bytes: s.live_bytes.iter().sum(),
             vmm_ranges: s.vmm.ranges.len() as u64,
             vmm_handles: s.vmm.handles.len() as u64,
@@ -650,6 +675,12 @@ impl Backend for HostBackend {
         // One lock for the check, the record and the count (threads that fence their own
         // batches of frees call this concurrently).
         let auto = config::get_bool(Key::HostAutoComplete);
+        if auto && self.special.load(Ordering::Acquire) == 0 {
+            // Note [host fences].
+            self.done_fences.fetch_add(1, Ordering::Relaxed);
+            let id = self.next_done_event.fetch_add(1, Ordering::Relaxed);
+            return Ok(EventHandle(DONE_EVENT | id));
+        }
         let mut s = self.state.lock();
         if s.capturing.contains(&ctx.0) {
             return Err(BackendError::Capturing);
@@ -660,6 +691,9 @@ impl Backend for HostBackend {
     }
 
     fn event_completed(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<bool> {
+        if event.0 & DONE_EVENT != 0 {
+            return Ok(true);
+        }
         let mut s = self.state.lock();
         let &(ctx, done) = s.events.get(&event.0).ok_or(BackendError::InvalidValue)?;
         *s.queries.entry(ctx).or_default() += 1;
@@ -668,6 +702,9 @@ impl Backend for HostBackend {
 
     fn wait_event(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<()> {
         // Waiting means the simulated device ran the context's work up to this event.
+        if event.0 & DONE_EVENT != 0 {
+            return Ok(());
+        }
         let mut s = self.state.lock();
         let ctx = s.events.get(&event.0).ok_or(BackendError::InvalidValue)?.0;
         let State {
@@ -700,6 +737,9 @@ impl Backend for HostBackend {
         event: EventHandle,
         _bound: core::time::Duration,
     ) -> BackendResult<bool> {
+        if event.0 & DONE_EVENT != 0 {
+            return Ok(true);
+        }
         let owner = {
             let s = self.state.lock();
             s.events.get(&event.0).ok_or(BackendError::InvalidValue)?.0
@@ -712,6 +752,9 @@ impl Backend for HostBackend {
     }
 
     fn recycle_event(&self, _ctx: ContextId, event: EventHandle) {
+        if event.0 & DONE_EVENT != 0 {
+            return;
+        }
         let mut s = self.state.lock();
         s.events.remove(&event.0);
         s.due.remove(&event.0);

@@ -247,7 +247,7 @@ pub struct DevicePool {
     pub index: u16,
     pub ctx: ContextInfo,
     backend: &'static dyn Backend,
-    shared: spin::Mutex<Shared>,
+    shared: LineApart<spin::Mutex<Shared>>,
     /// A blocking mutex, not a spin lock: it is held across backend calls (Note [locks]).
     events: std::sync::Mutex<()>,
     /// Cap on reserved bytes set for this device through the API, 0 = none,
@@ -273,13 +273,27 @@ pub struct DevicePool {
     reserve_floor: AtomicU64,
 }
 
+/// Keeps a value on cache lines of its own: the pool lock's word is written by every
+/// thread that takes it, and the pool's read-mostly fields beside it (its index, context,
+/// backend) are read on every allocation and free; sharing a line made the lines bounce
+/// between cores (perf: the loads of `index` and `ctx.device` in `free`).
+#[repr(align(128))]
+struct LineApart<T>(T);
+
+impl<T> core::ops::Deref for LineApart<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 impl DevicePool {
     fn new(index: u16, ctx: ContextInfo, backend: &'static dyn Backend) -> Self {
         DevicePool {
             index,
             ctx,
             backend,
-            shared: spin::Mutex::new(Shared {
+            shared: LineApart(spin::Mutex::new(Shared {
                 small: FreeIndex::new(),
                 large: FreeIndex::new(),
                 streams: Vec::new(),
@@ -296,7 +310,7 @@ impl DevicePool {
                 slow: SlowCounts::default(),
                 arena: None,
                 mapped_peak: 0,
-            }),
+            })),
             events: std::sync::Mutex::new(()),
             limit: AtomicU64::new(LIMIT_FROM_CONFIG),
             thread_fences: AtomicU64::new(0),

@@ -222,6 +222,41 @@ fn vmm_blocks_are_usable_and_stitched_and_nothing_leaks() {
 }
 
 #[test]
+fn a_vmm_reserve_is_held_idle_mapped_on_use_and_released_when_it_ends() {
+    in_child(
+        "a_vmm_reserve_is_held_idle_mapped_on_use_and_released_when_it_ends",
+        &[("FAKE_CUDA_TOTAL_BYTES", "268435456")],
+        || {
+            let (rt, fake, program, ctx) = setup(0);
+            assert_eq!(rt.reserve(None, 64 * MIB), Ok(64 * MIB));
+            let c = fake.counters();
+            assert_eq!(c.vmm_mappings, 0, "held, not mapped: {c:?}");
+            assert!(c.vmm_handles > 0 && c.live_bytes >= 64 * MIB, "{c:?}");
+            let p = rt.alloc((24 * MIB) as usize).unwrap();
+            fill(p, 24 * MIB, 0x3c);
+            assert!(program.write_read(p, MIB as usize, 0x6d));
+            assert_eq!(
+                rt.context_stats(ctx).unwrap().reserved_bytes.current,
+                64 * MIB,
+                "the block took reserved memory"
+            );
+            pool_matches_driver(rt, &fake, ctx);
+            rt.free(p).unwrap();
+            rt.flush_thread_cache();
+            rt.empty_cache(None).unwrap();
+            assert_eq!(
+                rt.context_stats(ctx).unwrap().reserved_bytes.current,
+                64 * MIB,
+                "empty_cache keeps the reserve"
+            );
+            pool_matches_driver(rt, &fake, ctx);
+            rt.reserve(None, 0).unwrap();
+            free_all_and_check_nothing_left(rt, &fake, &[]);
+        },
+    );
+}
+
+#[test]
 fn vmm_injected_failures_return_the_status_and_leak_nothing() {
     in_child(
         "vmm_injected_failures_return_the_status_and_leak_nothing",

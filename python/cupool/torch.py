@@ -23,6 +23,7 @@ import collections
 import os
 import sys
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -131,11 +132,7 @@ def _install_shim(torch: Any) -> Any:
         raise RuntimeError(f"cupool: the shim needs torch.utils.cpp_extension ({e})") from e
 
     source = pathlib.Path(__file__).with_name("_torch_shim.cpp")
-    print(
-        "cupool: loading the PyTorch allocator shim (built once, about a minute the first "
-        "time; CUPOOL_TORCH_SHIM=0 skips it)",
-        file=sys.stderr,
-    )
+    started = time.monotonic()
     try:
         module = cpp_extension.load(
             name="cupool_torch_shim",
@@ -150,6 +147,13 @@ def _install_shim(torch: Any) -> Any:
             f"{torch.__version__} failed ({type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}); "
             "enable() without shim=True works without a compiler"
         ) from e
+    took = time.monotonic() - started
+    if took > 5:  # a build, not a load of the cached one: say once why start-up was slow
+        print(
+            f"cupool: built the PyTorch allocator shim in {took:.0f} s (once: later runs reuse "
+            "it; CUPOOL_TORCH_SHIM=0 skips it)",
+            file=sys.stderr,
+        )
     hooks = dict(_HOOKS)
     module.install(
         _lib.function_address("cupool_torch_alloc"),

@@ -145,17 +145,17 @@ fn run(seed: u64, vmm: bool) {
         assert!(holds(p, n, v), "seed {seed}: block {p:#x} changed");
         rt.free(p).unwrap();
     }
-    if !vmm {
-        // One more injected out-of-memory on a request that needs a new segment (it replaces
-        // a failure still pending): the release-and-retry serves it. (With `vmm:on` a retry
-        // that released the arena grows by segments, where another pending failure of the
-        // sequence may still wait: two failures, a legitimate out-of-memory.)
+    // One more injected out-of-memory on a request that needs new memory (it replaces a
+    // failure of that kind still pending): the release-and-retry serves it.
+    if vmm {
+        host.fail_next_create(BackendError::OutOfMemory);
+    } else {
         host.fail_next_alloc(BackendError::OutOfMemory);
-        let big = rt
-            .alloc(64 << 20)
-            .unwrap_or_else(|e| panic!("seed {seed}: the out-of-memory retry serves it: {e:?}"));
-        rt.free(big).unwrap();
     }
+    let big = rt
+        .alloc(64 << 20)
+        .unwrap_or_else(|e| panic!("seed {seed}: the out-of-memory retry serves it: {e:?}"));
+    rt.free(big).unwrap();
     let pool = rt.context_pool(ctx).unwrap();
     pool.check_invariants().unwrap();
     rt.flush_thread_cache();

@@ -253,6 +253,32 @@ fn a_streams_own_mapped_free_beats_a_smaller_unmapped_shared_fit() {
 }
 
 #[test]
+fn an_out_of_memory_retry_that_releases_the_arena_still_carves_from_one() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    let p = rt.alloc((20 * MIB) as usize).unwrap();
+    rt.free(p).unwrap();
+    host.complete_all(ctx.id);
+    let segments = host.counters().allocs;
+    // The first creation fails: the retry releases everything idle, the whole arena with
+    // it, and grows again.
+    host.fail_next_create(BackendError::OutOfMemory);
+    let q = rt.alloc((40 * MIB) as usize).unwrap();
+    assert_eq!(
+        host.counters().allocs,
+        segments,
+        "no plain segment for the block"
+    );
+    let pool = rt.context_pool(ctx).unwrap();
+    assert!(pool.vmm_stats().mapped_bytes >= 40 * MIB, "from the arena");
+    fill(q, 40 * MIB, 9);
+    pool.check_invariants().unwrap();
+    rt.free(q).unwrap();
+    host.complete_all(ctx.id);
+    empty_and_check_nothing_left(rt, host, ctx);
+}
+
+#[test]
 fn no_mapping_while_a_capture_is_active() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, host, ctx) = vmm_setup(true);

@@ -107,6 +107,11 @@ impl DevicePool {
                 return Ok(ptr);
             }
             self.release_idle_segments(c);
+            if req.kind == SegmentKind::Large && self.vmm.load(Ordering::Relaxed) {
+                // The release may have given the whole arena back: a large block still
+                // comes from one (a new reservation), not from a plain segment.
+                self.ensure_arena();
+            }
         }
         let result = self.grow_and_carve(c, req);
         if result == Err(CupoolStatus::CupoolErrorOutOfMemory) {

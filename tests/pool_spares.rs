@@ -61,7 +61,7 @@ fn a_loop_reusing_one_large_block_gets_a_second_copy_and_half_the_fences() {
     assert_eq!(after.num_ooms + after.alloc_retries, 0);
 
     // The copy is idle cache like any other.
-    rt.empty_cache(Some(0)).unwrap();
+    rt.empty_context_cache(ctx).unwrap();
     assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);
 }
 
@@ -77,7 +77,7 @@ fn blocks_above_fence_spare_max_keep_one_copy() {
         2 * STREAK as u64 - 1,
         "every reuse fenced"
     );
-    rt.empty_cache(Some(0)).unwrap();
+    rt.empty_context_cache(ctx).unwrap();
 }
 
 #[test]
@@ -86,7 +86,7 @@ fn fence_spare_max_zero_turns_second_copies_off() {
     let (rt, _host, ctx) = setup();
     with_spare_max("0", || alloc_free_pairs(rt, 2 * STREAK, LARGE));
     assert_eq!(rt.context_stats(ctx).unwrap().device_allocs, 1);
-    rt.empty_cache(Some(0)).unwrap();
+    rt.empty_context_cache(ctx).unwrap();
 }
 
 #[test]
@@ -104,7 +104,7 @@ fn a_second_copy_past_the_memory_limit_is_skipped_without_an_error() {
         "a copy nobody needs is never worth a release-and-retry"
     );
     rt.set_memory_limit(1, 0).unwrap();
-    rt.empty_cache(Some(1)).unwrap();
+    rt.empty_context_cache(ctx).unwrap();
 }
 
 #[test]
@@ -119,7 +119,7 @@ fn fences_that_free_several_blocks_do_not_count_towards_a_copy() {
         rt.free(b).unwrap();
     }
     assert_eq!(rt.context_stats(ctx).unwrap().device_allocs, 2);
-    rt.empty_cache(Some(0)).unwrap();
+    rt.empty_context_cache(ctx).unwrap();
 }
 
 #[test]
@@ -129,5 +129,5 @@ fn small_blocks_never_get_a_copy() {
     // One 1 MiB block in a 2 MiB small segment: the other half serves every other reuse.
     alloc_free_pairs(rt, 2 * STREAK, 1 << 20);
     assert_eq!(rt.context_stats(ctx).unwrap().device_allocs, 1);
-    rt.empty_cache(Some(0)).unwrap();
+    rt.empty_context_cache(ctx).unwrap();
 }

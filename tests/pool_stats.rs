@@ -46,7 +46,7 @@ fn a_split_segment_reports_its_free_remainder() {
         s.inactive_split_bytes, 0,
         "segments holding no block in use are not counted"
     );
-    rt.empty_cache(Some(0)).unwrap();
+    rt.empty_context_cache(ctx).unwrap();
     let s = rt.context_stats(ctx).unwrap();
     assert_eq!((s.segments, s.inactive_split_bytes), (0, 0));
     rt.context_pool(ctx).unwrap().check_invariants().unwrap();
@@ -100,7 +100,7 @@ fn frees_waiting_for_a_fence_are_pending_until_it_completes() {
     rt.free(d).unwrap();
     rt.free(keep).unwrap();
     host.complete_all(ctx.id);
-    rt.empty_cache(Some(0)).unwrap();
+    rt.empty_context_cache(ctx).unwrap();
     let s = rt.context_stats(ctx).unwrap();
     assert_eq!((s.pending_fence_bytes, s.segments), (0, 0));
 }

@@ -75,10 +75,16 @@ fn threads_come_and_go() {
     // more than that and some fragmentation, however many threads came and went (on the
     // host backend it settles at 8–16 MiB); a cache lost at each exit would pass it within
     // a few hundred threads.
-    assert!(peak <= 32 << 20, "reserved reached {peak} over {THREADS} threads");
+    assert!(
+        peak <= 32 << 20,
+        "reserved reached {peak} over {THREADS} threads"
+    );
     let pool = rt.context_pool(ctx).unwrap();
     let before = pool.check_invariants().unwrap();
-    assert_eq!(before.thread_cache, 0, "every exited thread's cache came back");
+    assert_eq!(
+        before.thread_cache, 0,
+        "every exited thread's cache came back"
+    );
     host.complete_all(ctx.id);
     rt.empty_context_cache(ctx).unwrap();
     let report = pool.check_invariants().unwrap();

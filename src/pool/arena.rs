@@ -481,11 +481,12 @@ impl Arena {
         let mut left = max_granules;
         for stolen in [true, false] {
             let set = if stolen { &self.stealable } else { &self.idle };
-            let fitting: Vec<(u32, u32)> =
-                set.iter().copied().filter(|k| k.0 as u64 <= left).collect();
+            let cap = left.min(u32::MAX as u64) as u32;
+            let fitting: Vec<(u32, u32)> = set.range(..=(cap, u32::MAX)).copied().collect();
+            // Smallest first: each taken chunk lowers what the next may be.
             for k in fitting {
                 if k.0 as u64 > left {
-                    continue;
+                    break;
                 }
                 left -= k.0 as u64;
                 out.push(self.take_set(stolen, k));
@@ -650,6 +651,29 @@ mod tests {
             ]
         );
         assert_eq!(create, 0);
+    }
+
+    #[test]
+    fn take_unused_stays_within_its_bound() {
+        let mut a = arena();
+        map_new(&mut a, 0, 4, 1); // stealable, 4 granules
+        let idle = a.new_chunk(2, 3);
+        a.record_idle(idle);
+        let small = a.new_chunk(3, 1);
+        a.record_idle(small);
+        let taken = a.take_unused(4);
+        let lens: Vec<u32> = taken.iter().map(|t| t.len).collect();
+        assert_eq!(
+            lens,
+            vec![4],
+            "the stealable chunk fills the bound; the idle ones stay"
+        );
+        assert_eq!(a.idle_granules(), 4);
+        assert_eq!(
+            a.take_unused(u64::MAX).len(),
+            2,
+            "no bound: everything unused"
+        );
     }
 
     #[test]

@@ -146,6 +146,7 @@ pub enum Key {
     Reserve,
     Vmm,
     VmmChunk,
+    VmmChunkSplit,
     HostAutoComplete,
     Verbose,
 }
@@ -153,7 +154,7 @@ pub enum Key {
 pub const BACKENDS: &[&str] = &["cuda", "host"];
 pub const VMM_MODES: &[&str] = &["off", "on"];
 
-pub static OPTIONS: [OptionDesc; 17] = [
+pub static OPTIONS: [OptionDesc; 18] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -257,6 +258,13 @@ pub static OPTIONS: [OptionDesc; 17] = [
         default: "8M",
         kind: ValueKind::Bytes,
         doc: "With `vmm:on`: the largest piece of physical memory created at once (one `cuMemCreate`, mapped and unmapped whole; rounded down to the 2 MiB granularity, at least one granule). The driver's cost is per call, not per byte, so larger pieces mean fewer calls, and smaller ones let idle memory move where it is needed in finer steps (docs/BENCHMARKS.md).",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "vmm_chunk_split",
+        default: "0",
+        kind: ValueKind::Count,
+        doc: "With `vmm:on`: new physical memory for a run of N unmapped granules is created in pieces of up to N / this many granules when that is more than `vmm_chunk`, so a huge block's memory moves later in a few large pieces (fewer driver calls) while small blocks still get `vmm_chunk` pieces. 0 keeps every piece at `vmm_chunk` (docs/BENCHMARKS.md).",
         runtime: true,
     },
     OptionDesc {

@@ -169,7 +169,7 @@ impl Taken {
     /// the pool ([`DevicePool::free_to_stream`]).
     #[inline]
     pub fn to_stream(self, cache: Option<&mut ThreadCache>, s: StreamRef) {
-        if let Some(cache) = cache {
+        if let Some(cache) = cache.filter(|_| !self.pool.vmm_large(self.size)) {
             if cache.put(self.pool.index, s, self.idx, self.size) {
                 return;
             }

@@ -356,6 +356,20 @@ impl DevicePool {
     }
 
     /// Whether large blocks come from the VMM arena now.
+    /// Whether a block of `size` comes from (and goes back to) this pool's VMM arena.
+    ///
+    /// Note [arena blocks bypass thread caches]: a large block parked in a thread cache is
+    /// pinned in the arena (its granules cannot be stolen) and cannot merge with its free
+    /// neighbours, and a request of another size class misses it: the arena then maps or
+    /// moves memory instead. Given straight to its stream's free list it merges at once
+    /// and is still reused by its stream without a fence. Host replays, `vmm:on`
+    /// (docs/BENCHMARKS.md): `conv_train.torch` 1075 + 743 map + unmap calls at 95.8% to
+    /// 572 + 247 at 96.4%, `gpt_train.torch` 1595 + 897 at 96.0% to 1063 + 372 at 96.2%.
+    #[inline]
+    pub(crate) fn vmm_large(&self, size: u64) -> bool {
+        size > size_policy::SMALL_MAX && self.vmm.load(Ordering::Relaxed)
+    }
+
     fn arena_active(&self) -> bool {
         self.vmm.load(Ordering::Relaxed) && self.shared.lock().arena.is_some()
     }

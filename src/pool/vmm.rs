@@ -225,9 +225,14 @@ impl DevicePool {
             let allowed = create;
             // Note [chunks]: the `vmm_chunk` option, in granules.
             let max_chunk = (config::get(Key::VmmChunk) / g).clamp(1, u32::MAX as u64) as u32;
+            let split = config::get(Key::VmmChunkSplit) as usize;
             let mut steps = Vec::new();
             for run in todo.chunk_by(|x, y| *x + 1 == *y) {
-                match a.plan_run(run[0], run.len(), &mut create, max_chunk) {
+                let piece = match split {
+                    0 => max_chunk,
+                    k => max_chunk.max((run.len() / k).min(u32::MAX as usize) as u32),
+                };
+                match a.plan_run(run[0], run.len(), &mut create, piece) {
                     Some(s) => steps.extend(s),
                     None => {
                         // Give back what earlier runs took; nothing was called yet.

@@ -324,12 +324,18 @@ static int test_oom() {
   st = (int)cupool_alloc(&large, big);
   after = read_stats();
   check("oom_release_cache_then_alloc", st == CUP_OK, "-> %d %s", st, cupool_status_string((cupool_status)st));
+  // Segments: the request fits only once cached segments went back (a retry, or frees).
+  // The VMM arena (vmm:on) instead moves the cached granules under the new block
+  // (stitching): no retry, and the memory held does not grow.
+  bool stitched = after.granules > 0 && after.reserved_bytes.current <= before.reserved_bytes.current;
   check("oom_release_counted",
         after.alloc_retries > before.alloc_retries || after.device_frees > before.device_frees ||
-            free_cached > big,
-        "alloc_retries %llu -> %llu, device_frees %llu -> %llu",
+            free_cached > big || stitched,
+        "alloc_retries %llu -> %llu, device_frees %llu -> %llu, reserved %llu -> %llu MiB",
         (unsigned long long)before.alloc_retries, (unsigned long long)after.alloc_retries,
-        (unsigned long long)before.device_frees, (unsigned long long)after.device_frees);
+        (unsigned long long)before.device_frees, (unsigned long long)after.device_frees,
+        (unsigned long long)(before.reserved_bytes.current / MiB),
+        (unsigned long long)(after.reserved_bytes.current / MiB));
   if (st == CUP_OK) {
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

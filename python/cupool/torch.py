@@ -58,7 +58,13 @@ def enabled() -> bool:
     return _allocator is not None
 
 
-def enable(shim: bool | None = None) -> None:
+def _user_chose_vmm() -> bool:
+    """Whether ``CUPOOL_CONF`` sets ``vmm`` (the user's choice wins over ``enable()``'s)."""
+    conf = os.environ.get("CUPOOL_CONF", "")
+    return any(item.split(":", 1)[0].strip() == "vmm" for item in conf.split(","))
+
+
+def enable(shim: bool | None = None, vmm: bool | None = None) -> None:
     """Makes cupool PyTorch's CUDA allocator. Call it before the first CUDA allocation
     (right after ``import torch``): PyTorch cannot swap an allocator it has started. A
     second call does nothing.
@@ -71,7 +77,14 @@ def enable(shim: bool | None = None) -> None:
     pointer), and ``cudnn.benchmark = True`` works (the pluggable allocator raises "does
     not yet support cacheInfo"). ``None`` (the default, or ``CUPOOL_TORCH_SHIM=1``/``0``):
     the shim when it builds, else the pluggable allocator with a warning saying what is
-    lost. ``True``: the shim or an error. ``False``: the pluggable allocator."""
+    lost. ``True``: the shim or an error. ``False``: the pluggable allocator.
+
+    ``vmm``: blocks above 1 MiB come from cupool's VMM arena (the option ``vmm:on``), whose
+    footprint follows the live bytes: on an H100 it held less than PyTorch's
+    ``expandable_segments`` at PyTorch's own step time on variable-shape training
+    (docs/BENCHMARKS.md). ``None`` (the default): on, unless ``CUPOOL_CONF`` sets ``vmm``.
+    ``False``: plain segments, as the C library's default. Legacy CUDA IPC
+    (``torch.multiprocessing`` sharing CUDA tensors) does not work on VMM memory."""
     global _allocator
     import torch  # noqa: PLC0415 - torch is optional: imported only here
 
@@ -86,6 +99,10 @@ def enable(shim: bool | None = None) -> None:
             )
         if torch.cuda.is_initialized():
             raise AlreadyInitializedError(_too_late_message())
+        if vmm is not None or not _user_chose_vmm():
+            from . import config_set  # noqa: PLC0415 - the package imports this module
+
+            config_set("vmm", "off" if vmm is False else "on")
         if shim is None and os.environ.get("CUPOOL_TORCH_SHIM") in ("0", "1"):
             shim = os.environ["CUPOOL_TORCH_SHIM"] == "1"
         if shim is not False:

@@ -198,3 +198,29 @@ def test_shim_true_fails_clearly_and_shim_off_is_quiet():
         """
     )
     assert "warnings 0" in quiet
+
+
+def test_enable_puts_large_blocks_in_the_vmm_arena_unless_the_user_chose():
+    out = check(
+        """
+        import torch, cupool, cupool.torch
+        from cupool import _lib
+        cupool.torch.enable(shim=False)
+        print("vmm", cupool.config_get("vmm"))
+        import ctypes
+        from cupool._stats import raw_stats
+        lib = _lib.lib()
+        lib.cupool_torch_alloc.restype = ctypes.c_void_p
+        lib.cupool_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        p = lib.cupool_torch_alloc(64 << 20, 0, None)
+        assert p
+        print("mapped", raw_stats(0)["mapped_bytes"]["current"] >= 64 << 20)
+        """
+    )
+    assert "vmm on" in out and "mapped True" in out
+    for code in (
+        "import os; os.environ['CUPOOL_CONF'] = 'backend:host,vmm:off'\n"
+        "import torch, cupool, cupool.torch; cupool.torch.enable(shim=False)",
+        "import torch, cupool, cupool.torch; cupool.torch.enable(shim=False, vmm=False)",
+    ):
+        assert "vmm off" in check(code + "\nprint('vmm', cupool.config_get('vmm'))")

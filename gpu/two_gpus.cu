@@ -7,6 +7,7 @@
 //
 //   two_gpus            every check
 //   two_gpus --pairs N  pairs per thread in the throughput part (default 200000)
+//   two_gpus --bench-only   the throughput part only (also without the preload, to compare)
 #include <dlfcn.h>
 #include <string.h>
 
@@ -64,9 +65,37 @@ static uint64_t reserved_on(int device) {
   return s.reserved_bytes.current;
 }
 
-// Pairs per second from `threads` host threads, thread t on device devices[t], each on a
-// stream of its own (stream-ordered) or streamless.
-static double pair_rate(const std::vector<int> &devices, long pairs, bool ordered) {
+// One 64 KiB alloc + free: through the CUDA runtime (what the preload intercepts) or
+// through cupool's C API directly; streamless or on the thread's stream.
+enum PairKind { RUNTIME_STREAMLESS, RUNTIME_ORDERED, API_STREAMLESS, API_ORDERED };
+static const char *const PAIR_NAMES[] = {"cudaMalloc+cudaFree", "cudaMallocAsync+cudaFreeAsync",
+                                         "cupool_alloc+cupool_free",
+                                         "cupool_alloc_async+cupool_free_async"};
+
+static void one_pair(PairKind kind, cudaStream_t s) {
+  void *p = nullptr;
+  switch (kind) {
+    case RUNTIME_STREAMLESS:
+      CK(cudaMalloc(&p, 64 * 1024));
+      CK(cudaFree(p));
+      break;
+    case RUNTIME_ORDERED:
+      CK(cudaMallocAsync(&p, 64 * 1024, s));
+      CK(cudaFreeAsync(p, s));
+      break;
+    case API_STREAMLESS:
+      if ((int)cupool_alloc(&p, 64 * 1024) != CUP_OK || (int)cupool_free(p) != CUP_OK) exit(3);
+      break;
+    case API_ORDERED:
+      if ((int)cupool_alloc_async(&p, 64 * 1024, s) != CUP_OK || (int)cupool_free_async(p, s) != CUP_OK)
+        exit(3);
+      break;
+  }
+}
+
+// Pairs per second from one host thread per entry of `devices` (thread t on device
+// devices[t], on a stream of its own).
+static double pair_rate(const std::vector<int> &devices, long pairs, PairKind kind) {
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
   std::vector<std::thread> threads;
@@ -75,28 +104,11 @@ static double pair_rate(const std::vector<int> &devices, long pairs, bool ordere
       CK(cudaSetDevice(d));
       cudaStream_t s;
       CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      void *p = nullptr;
-      for (int i = 0; i < 1000; i++) {  // warm the pool and the thread's cache
-        if (ordered) {
-          CK(cudaMallocAsync(&p, 64 * 1024, s));
-          CK(cudaFreeAsync(p, s));
-        } else {
-          CK(cudaMalloc(&p, 64 * 1024));
-          CK(cudaFree(p));
-        }
-      }
+      for (int i = 0; i < 1000; i++) one_pair(kind, s);  // warm the pool and the thread's cache
       ready++;
       while (!go.load()) {
       }
-      for (long i = 0; i < pairs; i++) {
-        if (ordered) {
-          CK(cudaMallocAsync(&p, 64 * 1024, s));
-          CK(cudaFreeAsync(p, s));
-        } else {
-          CK(cudaMalloc(&p, 64 * 1024));
-          CK(cudaFree(p));
-        }
-      }
+      for (long i = 0; i < pairs; i++) one_pair(kind, s);
       CK(cudaStreamSynchronize(s));
       CK(cudaStreamDestroy(s));
     });
@@ -110,16 +122,42 @@ static double pair_rate(const std::vector<int> &devices, long pairs, bool ordere
   return (double)pairs * devices.size() / secs;
 }
 
+// Throughput: one host thread on GPU 0, then one host thread per GPU. `runtime_pairs` for
+// the CUDA runtime's calls (slow without the preload), `pairs` for the rest.
+static void bench(long pairs, long runtime_pairs) {
+  for (int k = RUNTIME_STREAMLESS; k <= API_ORDERED; k++) {
+    PairKind kind = (PairKind)k;
+    long n = k <= RUNTIME_ORDERED ? runtime_pairs : pairs;
+    double one = pair_rate({0}, n, kind);
+    double two = pair_rate({0, 1}, n, kind);
+    printf("BENCH %s, 64 KiB, pairs/s: 1 thread on GPU 0 %.3f M, 1 thread per GPU on 2 GPUs "
+           "%.3f M (%.2fx)\n",
+           PAIR_NAMES[k], one / 1e6, two / 1e6, two / one);
+    fflush(stdout);
+  }
+}
+
 int main(int argc, char **argv) {
   long pairs = 200000;
-  for (int i = 1; i + 1 < argc; i++)
-    if (!strcmp(argv[i], "--pairs")) pairs = atol(argv[i + 1]);
+  bool bench_only = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = atol(argv[i + 1]);
+    if (!strcmp(argv[i], "--bench-only")) bench_only = true;
+  }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) {
     printf("SKIPPED: %d GPU(s); this program needs two\n", count);
     return 0;
   }
-  bool preloaded = dlsym(RTLD_DEFAULT, "cupool_interposition_active") != nullptr;
+  // The API library exports it too (answering 0): only the preload's copy answers 1.
+  typedef int (*active_fn)(void);
+  active_fn active = (active_fn)dlsym(RTLD_DEFAULT, "cupool_interposition_active");
+  bool preloaded = active != nullptr && active() == 1;
+  if (bench_only) {
+    info("throughput only, %s", preloaded ? "under the preload" : "CUDA's own allocators");
+    bench(pairs, preloaded ? pairs : pairs / 10);
+    return 0;
+  }
   check("preloaded", preloaded, "run it under LD_PRELOAD=libcupool_preload.so");
   char vmm[16] = "?";
   size_t len = 0;
@@ -197,15 +235,7 @@ int main(int argc, char **argv) {
         "gpu1 reserved %llu -> %llu", (unsigned long long)r1_before, (unsigned long long)r1_after);
   CK(cudaFree(fine));
 
-  // Throughput: one host thread per device.
-  for (int ordered = 0; ordered < 2; ordered++) {
-    const char *kind = ordered ? "stream-ordered" : "streamless";
-    double one = pair_rate({0}, pairs, ordered);
-    double two = pair_rate({0, 1}, pairs, ordered);
-    printf("BENCH %s 64 KiB pairs/s: 1 thread on GPU 0 %.2f M, 1 thread per GPU on 2 GPUs %.2f M "
-           "(%.2fx)\n",
-           kind, one / 1e6, two / 1e6, two / one);
-  }
+  bench(pairs, pairs);
   printf("RESULT %d failures\n", g_failures);
   return g_failures ? 1 : 0;
 }

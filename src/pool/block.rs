@@ -262,7 +262,22 @@ impl BlockTable {
 
     /// A record for a new block; `None` when the table is full.
     pub fn allocate(&self) -> Option<BlockIdx> {
+        self.allocate_locked(&mut self.free.lock())
+    }
+
+    /// Up to `n` records for new blocks, taken under one lock, pushed onto `out` (fewer
+    /// when the table is full).
+    pub fn allocate_into(&self, out: &mut Vec<BlockIdx>, n: usize) {
         let mut free = self.free.lock();
+        for _ in 0..n {
+            match self.allocate_locked(&mut free) {
+                Some(idx) => out.push(idx),
+                None => break,
+            }
+        }
+    }
+
+    fn allocate_locked(&self, free: &mut FreeRecords) -> Option<BlockIdx> {
         if let Some(idx) = free.list.pop() {
             return Some(idx);
         }
@@ -282,11 +297,22 @@ impl BlockTable {
 
     /// Returns a record that no index or map refers to any more.
     pub fn release(&self, idx: BlockIdx) {
+        self.clear(idx);
+        self.free.lock().list.push(idx);
+    }
+
+    /// Empties a record that no index or map refers to any more, for a caller that keeps
+    /// it for reuse (a pool's stash, Note [record stash] in `pool/mod.rs`).
+    pub fn clear(&self, idx: BlockIdx) {
         let b = self.get(idx);
         b.tag.store(0, Ordering::Release);
         // SAFETY: the caller owned the block and gives it up here.
         unsafe { *b.data() = BlockData::EMPTY };
-        self.free.lock().list.push(idx);
+    }
+
+    /// Returns records already emptied with [`BlockTable::clear`], under one lock.
+    pub fn release_cleared(&self, records: &[BlockIdx]) {
+        self.free.lock().list.extend_from_slice(records);
     }
 }
 

@@ -81,7 +81,7 @@ impl DevicePool {
         if mergeable(prev) {
             take(sh, prev, BLOCKS.get(idx).data().ptr);
             let epoch = BLOCKS.get(idx).data().free_epoch;
-            Self::absorb_next(prev);
+            Self::absorb_next(sh, prev);
             let d = BLOCKS.get(prev).data();
             d.place = Place::FreeOnStream;
             d.stream = s.id;
@@ -91,7 +91,7 @@ impl DevicePool {
         let next = BLOCKS.get(idx).data().seg_next;
         if mergeable(next) {
             take(sh, next, BLOCKS.get(next).data().ptr);
-            Self::absorb_next(idx);
+            Self::absorb_next(sh, idx);
         }
         idx
     }

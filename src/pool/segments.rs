@@ -95,7 +95,7 @@ impl DevicePool {
             // overlaps two such blocks (Note [vmm arena]).
             sh.arena.as_mut().unwrap().split_at(d.ptr + size);
         }
-        let rest = BLOCKS.allocate()?;
+        let rest = sh.new_record()?;
         let r = BLOCKS.get(rest).data();
         *r = *d;
         r.ptr = d.ptr + size;
@@ -144,13 +144,13 @@ impl DevicePool {
         let prev = d.seg_prev;
         if prev != NIL && BLOCKS.get(prev).data().place == Place::FreeShared {
             sh.index(kind).remove(&BLOCKS, prev);
-            Self::absorb_next(prev);
+            Self::absorb_next(sh, prev);
             idx = prev;
         }
         let next = BLOCKS.get(idx).data().seg_next;
         if next != NIL && BLOCKS.get(next).data().place == Place::FreeShared {
             sh.index(kind).remove(&BLOCKS, next);
-            Self::absorb_next(idx);
+            Self::absorb_next(sh, idx);
         }
         let d = BLOCKS.get(idx).data();
         d.place = Place::FreeShared;
@@ -163,7 +163,7 @@ impl DevicePool {
     ///
     /// # Safety
     /// Pool lock held; both blocks are owned by the caller.
-    pub(super) unsafe fn absorb_next(idx: BlockIdx) {
+    pub(super) unsafe fn absorb_next(sh: &mut Shared, idx: BlockIdx) {
         let d = BLOCKS.get(idx).data();
         let next = d.seg_next;
         let n = *BLOCKS.get(next).data();
@@ -173,7 +173,7 @@ impl DevicePool {
             BLOCKS.get(n.seg_next).data().seg_prev = idx;
         }
         ADDRESSES.clear(n.ptr);
-        BLOCKS.release(next);
+        sh.drop_record(next);
     }
 
     /// Gets a new segment from the backend (no lock held during the call) and carves the

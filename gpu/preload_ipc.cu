@@ -5,6 +5,7 @@
 // segment's handle would map at the wrong offset).
 // Usage: preload_ipc            (parent)
 //        preload_ipc child HEX SIZE SEED
+#include <dlfcn.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,8 +62,25 @@ static const char *outcome(int code) {
   }
 }
 
+static bool preloaded() {
+  typedef int (*active_fn)(void);
+  active_fn active = (active_fn)dlsym(RTLD_DEFAULT, "cupool_interposition_active");
+  return active != nullptr && active() == 1;
+}
+
+// Whether the preload's pool runs with vmm:on.
+static bool vmm_on() {
+  typedef int (*get_fn)(const char *, char *, size_t, size_t *);
+  get_fn get = (get_fn)dlsym(RTLD_DEFAULT, "cupool_config_get");
+  char v[16] = "";
+  size_t n = 0;
+  return get != nullptr && get("vmm", v, sizeof v, &n) == 0 && strcmp(v, "on") == 0;
+}
+
 // Exports `p` (n bytes of pattern `seed`) to a child process; returns the child's code.
-static int export_to_child(void *p, size_t n, uint32_t seed, bool *export_ok) {
+// `plain_child`: the child runs without LD_PRELOAD (an importer that is not under cupool).
+static int export_to_child(void *p, size_t n, uint32_t seed, bool *export_ok,
+                           bool plain_child = false) {
   cudaIpcMemHandle_t h;
   cudaError_t e = cudaIpcGetMemHandle(&h, p);
   *export_ok = e == cudaSuccess;
@@ -75,6 +93,7 @@ static int export_to_child(void *p, size_t n, uint32_t seed, bool *export_ok) {
   fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
+    if (plain_child) unsetenv("LD_PRELOAD");
     char self[4096];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0) _exit(30);
@@ -117,6 +136,20 @@ int main(int argc, char **argv) {
     bool ok = code == 0 || code == 10;
     wrong += !ok;
     printf("CHECK %s %s\n", cases[c].name, ok ? "ok" : "BAD");
+    if (preloaded()) {
+      // Under cupool both sides: every block opens with its own bytes (Note [ipc registry]).
+      // VMM-backed blocks (vmm:on, above 1 MiB) are refused at export (docs/semantics.md).
+      bool vmm_block = vmm_on() && cases[c].n > (1u << 20);
+      printf("PCHECK %s_opened_under_cupool %s\n", cases[c].name,
+             code == 0 || (vmm_block && !export_ok) ? "ok" : "BAD");
+      // An importer without cupool: the driver's handle (a block with a segment of its
+      // own) opens; a sub-allocated block's handle is refused; never wrong bytes.
+      bool plain_export = false;
+      int plain = export_to_child(p, cases[c].n, seed, &plain_export, true);
+      printf("NODIFF %s: importer without cupool: %s\n", cases[c].name, outcome(plain));
+      printf("PCHECK %s_importer_without_cupool %s\n", cases[c].name,
+             plain == 0 || plain == 10 ? "ok" : "BAD");
+    }
     // The parent's own view is unchanged.
     printf("CHECK %s_parent_data %s\n", cases[c].name,
            device_mismatches(p, cases[c].n, seed, s) == 0 ? "ok" : "BAD");

@@ -27,3 +27,10 @@ pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 
 /// `CU_STREAM_PER_THREAD`: what stream 0 means to a `_ptsz` entry point.
 pub const CU_STREAM_PER_THREAD: usize = 2;
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value to `cuIpcOpenMemHandle`.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct CuIpcMemHandle {
+    pub reserved: [u8; 64],
+}

@@ -25,6 +25,7 @@ pub mod capture;
 pub mod cuda;
 pub mod dlsym_hook;
 pub mod guard;
+pub mod ipc;
 pub mod lifecycle;
 pub mod memory;
 pub mod peer;

@@ -111,6 +111,7 @@ extern "C" fn on_exit() {
     EXITING.store(true, Relaxed);
     let _ = std::panic::catch_unwind(|| {
         cupool::runtime::mark_exiting();
+        crate::ipc::remove_registry();
         if STATS_AT_EXIT.load(Relaxed) {
             cupool::runtime::write_stats_at_exit();
         }

@@ -1,6 +1,6 @@
 //! Device-memory hooks: `cuMemAlloc_v2` and `cuMemFree_v2` go through the pool; the
 //! queries whose answer sub-allocation would change (`cuMemGetInfo_v2`,
-//! `cuMemGetAddressRange_v2`, `cuIpcGetMemHandle`, `cuPointerGetAttribute(s)`) are answered
+//! `cuMemGetAddressRange_v2`, `cuPointerGetAttribute(s)`; IPC is in `ipc.rs`) are answered
 //! as `docs/semantics.md` decides; `cuMemFreeAsync` routes pool blocks back to the pool.
 //!
 //! Ownership rule: a pointer the pool did not hand out goes to the real function unchanged
@@ -47,7 +47,7 @@ fn enter_pool<T>(f: impl FnOnce() -> T) -> Option<T> {
 const NO_DRIVER: CuResult = CUDA_ERROR_NOT_INITIALIZED;
 
 /// The pool block containing `ptr`, if the pool is running and owns it.
-fn pool_block_containing(ptr: CuDevicePtr) -> Option<BlockInfo> {
+pub(crate) fn pool_block_containing(ptr: CuDevicePtr) -> Option<BlockInfo> {
     if ptr == 0 {
         return None;
     }
@@ -299,34 +299,6 @@ pub fn block_range(block: &BlockInfo, dptr: CuDevicePtr) -> (CuDevicePtr, u64) {
     } else {
         (block.ptr, block.size)
     }
-}
-
-// ---- cuIpcGetMemHandle ---------------------------------------------------------------
-
-/// `cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)`: a pool block that is a
-/// whole segment exports as the driver would; a block carved out of a larger segment is
-/// refused with `CUDA_ERROR_INVALID_VALUE`, because its handle would be the segment's and
-/// the importer would map the segment base: the wrong bytes, silently.
-#[no_mangle]
-pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut c_void, dptr: CuDevicePtr) -> CuResult {
-    // SAFETY: arguments forwarded as received.
-    cuda_call("cuIpcGetMemHandle", || unsafe {
-        ipc_get_mem_handle(handle, dptr)
-    })
-}
-
-unsafe fn ipc_get_mem_handle(handle: *mut c_void, dptr: CuDevicePtr) -> CuResult {
-    // SAFETY: the slot's exported function has this signature.
-    let Some(real) = real::get::<sig::IpcGetMemHandle>() else {
-        return NO_DRIVER;
-    };
-    if let Some(block) = pool_block_containing(dptr) {
-        if !is_whole_segment(&block) {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-    }
-    // SAFETY: forwarded unchanged.
-    unsafe { real(handle, dptr) }
 }
 
 /// Whether the block covers its whole driver allocation (so the segment's IPC handle is

@@ -68,6 +68,9 @@ type BeginToGraphFn = unsafe extern "C" fn(
     c_int,
 ) -> CuResult;
 type EndFn = unsafe extern "C" fn(CuHandle, *mut CuHandle) -> CuResult;
+/// `cuIpcOpenMemHandle` and its `_v2` (the same signature; the handle by value).
+pub type IpcOpenFn =
+    unsafe extern "C" fn(*mut CuDevicePtr, crate::cuda::CuIpcMemHandle, c_uint) -> CuResult;
 /// `cuMemFreeAsync` and its `_ptsz` variant.
 pub type MemFreeAsyncFn = unsafe extern "C" fn(CuDevicePtr, CuHandle) -> CuResult;
 
@@ -79,6 +82,9 @@ slots! {
         unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, CuDevicePtr) -> CuResult;
     IpcGetMemHandle = "cuIpcGetMemHandle":
         unsafe extern "C" fn(*mut c_void, CuDevicePtr) -> CuResult;
+    IpcOpenMemHandle = "cuIpcOpenMemHandle": IpcOpenFn;
+    IpcOpenMemHandleV2 = "cuIpcOpenMemHandle_v2": IpcOpenFn;
+    IpcCloseMemHandle = "cuIpcCloseMemHandle": unsafe extern "C" fn(CuDevicePtr) -> CuResult;
     PointerGetAttribute = "cuPointerGetAttribute":
         unsafe extern "C" fn(*mut c_void, c_int, CuDevicePtr) -> CuResult;
     PointerGetAttributes = "cuPointerGetAttributes":

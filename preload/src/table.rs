@@ -68,6 +68,7 @@ macro_rules! addr {
 }
 
 use crate::capture as cap;
+use crate::ipc;
 use crate::memory as mem;
 use crate::peer;
 use crate::proc_address as gpa;
@@ -77,7 +78,7 @@ const NEWEST: i32 = i32::MAX;
 
 /// Every hook. Versions: `cudaTypedefs.h` (`PFN_cuMemAlloc_v3020`, `PFN_cuStreamBeginCapture_v10010`,
 /// `PFN_cuGetProcAddress_v12000`, ...).
-pub static HOOKS: [Hook; 21] = [
+pub static HOOKS: [Hook; 24] = [
     Hook {
         slot: Slot::MemAlloc,
         query: q(b"cuMemAlloc\0", 3020, NEWEST, Any),
@@ -101,7 +102,22 @@ pub static HOOKS: [Hook; 21] = [
     Hook {
         slot: Slot::IpcGetMemHandle,
         query: q(b"cuIpcGetMemHandle\0", 4010, NEWEST, Any),
-        replacement: addr!(mem::cuIpcGetMemHandle),
+        replacement: addr!(ipc::cuIpcGetMemHandle),
+    },
+    Hook {
+        slot: Slot::IpcOpenMemHandle,
+        query: q(b"cuIpcOpenMemHandle\0", 4010, 11000, Any),
+        replacement: addr!(ipc::cuIpcOpenMemHandle),
+    },
+    Hook {
+        slot: Slot::IpcOpenMemHandleV2,
+        query: q(b"cuIpcOpenMemHandle\0", 11000, NEWEST, Any),
+        replacement: addr!(ipc::cuIpcOpenMemHandle_v2),
+    },
+    Hook {
+        slot: Slot::IpcCloseMemHandle,
+        query: q(b"cuIpcCloseMemHandle\0", 4010, NEWEST, Any),
+        replacement: addr!(ipc::cuIpcCloseMemHandle),
     },
     Hook {
         slot: Slot::PointerGetAttribute,

@@ -210,6 +210,9 @@ struct Shared {
     mapped_peak: u64,
     /// Empty block records kept for this pool's splits and merges (Note [record stash]).
     records: Vec<BlockIdx>,
+    /// Bases of segments a block of which was exported through CUDA IPC: never given back
+    /// to the driver (Note [exported segments] in `release.rs`).
+    exported: std::collections::BTreeSet<u64>,
 }
 
 /// Note [record stash]: every split takes a block record and every merge gives one back.
@@ -340,6 +343,7 @@ impl DevicePool {
                 arena: None,
                 mapped_peak: 0,
                 records: Vec::with_capacity(2 * RECORD_BATCH),
+                exported: std::collections::BTreeSet::new(),
             })),
             events: std::sync::Mutex::new(()),
             limit: AtomicU64::new(LIMIT_FROM_CONFIG),

@@ -9,6 +9,16 @@ use crate::status::{CupoolStatus, Result};
 use core::sync::atomic::Ordering;
 
 impl DevicePool {
+    /// Note [exported segments]: a block exported through CUDA IPC may be mapped in
+    /// another process for as long as that process likes, and the pool cannot know when it
+    /// closes it. Giving the segment back to the driver (`cuMemFree`) while it is mapped
+    /// elsewhere would let the driver hand the memory to someone else under the importer's
+    /// feet, so the segment stays with the pool until the process ends; its blocks are
+    /// reused as usual (as with `cudaFree` and a later `cudaMalloc` natively).
+    pub fn keep_exported_segment(&self, segment_base: u64) {
+        self.shared.lock().exported.insert(segment_base);
+    }
+
     /// Gives every segment that is one free shared block back to the backend, and the VMM
     /// arena's idle memory; returns the bytes released.
     pub fn release_idle_segments(&self, c: &ThreadCounters) -> u64 {
@@ -32,6 +42,7 @@ impl DevicePool {
                 sh.segments
                     .iter()
                     .filter(|&(&base, _)| Some(base) != arena_base)
+                    .filter(|&(base, _)| !sh.exported.contains(base))
                     .filter_map(|(&base, &idx)| {
                         let d = BLOCKS.get(idx).data();
                         let whole = d.place == Place::FreeShared

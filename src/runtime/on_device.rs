@@ -12,7 +12,7 @@
 //! block has no pending work and is safe on any stream of `d`, and its free is ordered by a
 //! context fence (never by a stream id of another context).
 
-use super::{trace_allocation, Runtime, Seen};
+use super::{trace_allocation, BlockInfo, Runtime, Seen};
 use crate::backend::{ContextInfo, DevicePtr, StreamHandle};
 use crate::status::{CupoolStatus, Result};
 use crate::trace::record;
@@ -79,6 +79,15 @@ impl Runtime {
             .device_context(device)
             .map_err(|_| CupoolStatus::CupoolErrorInvalidDevice)?;
         self.backend.memory_info(ctx.id).map_err(CupoolStatus::from)
+    }
+
+    /// Keeps the segment of the live block at `ptr` from ever going back to the driver
+    /// (the block was exported through CUDA IPC: Note [exported segments]). Returns the
+    /// block, or `None` when `ptr` is not the start of a live pool block.
+    pub fn keep_exported(&self, ptr: DevicePtr) -> Option<BlockInfo> {
+        let block = self.lookup_containing(ptr).filter(|b| b.ptr == ptr)?;
+        crate::pool::handover::pool_holding(ptr)?.keep_exported_segment(block.segment_base);
+        Some(block)
     }
 
     /// The segment (driver allocation) that holds the live block containing `ptr`, as

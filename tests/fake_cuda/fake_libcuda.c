@@ -1000,6 +1000,52 @@ static CUresult fk_cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
     return rc;
 }
 
+/* Opening maps nothing (one process, host memory): a handle of a live device allocation
+ * opens at that allocation's base, any other handle (a cupool-tagged one included) is
+ * CUDA_ERROR_INVALID_VALUE, as the real driver answers a handle it did not make. */
+static int g_ipc_open;
+static CUresult fk_cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)
+{
+    (void)flags;
+    lock();
+    REQUIRE_INIT();
+    CUresult rc = CUDA_SUCCESS;
+    uint64_t base = 0, size = 0;
+    memcpy(&base, handle.reserved, sizeof base);
+    memcpy(&size, handle.reserved + 8, sizeof size);
+    int rest_zero = 1;
+    for (size_t i = 16; i < sizeof handle.reserved; i++)
+        rest_zero &= handle.reserved[i] == 0;
+    struct fake_alloc *a = find_alloc_containing((uintptr_t)base);
+    if (!current_ctx())
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+    else if (!pdptr || !rest_zero || !a || a->kind != ALLOC_DEVICE ||
+             (uint64_t)a->base != base || (uint64_t)a->size != size)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else {
+        *pdptr = (CUdeviceptr)base;
+        g_ipc_open++;
+    }
+    trace("cuIpcOpenMemHandle(%#llx) -> %d", (unsigned long long)base, rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    lock();
+    REQUIRE_INIT();
+    CUresult rc = CUDA_SUCCESS;
+    struct fake_alloc *a = find_alloc_containing((uintptr_t)dptr);
+    if (!a || (CUdeviceptr)a->base != dptr || g_ipc_open == 0)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else
+        g_ipc_open--;
+    trace("cuIpcCloseMemHandle(%#llx) -> %d", (unsigned long long)dptr, rc);
+    unlock();
+    return rc;
+}
+
 /* ---- virtual memory management ------------------------------------------------------
  *
  * Reservations are PROT_NONE, MAP_NORESERVE anonymous mappings of host address space;
@@ -1935,6 +1981,9 @@ static const struct proc_entry g_procs[] = {
     PROC("cuMemcpyDtoH", 3020, fk_cuMemcpyDtoH_v2),
     PROC("cuPointerGetAttribute", 4000, fk_cuPointerGetAttribute),
     PROC("cuIpcGetMemHandle", 4010, fk_cuIpcGetMemHandle),
+    PROC("cuIpcOpenMemHandle", 4010, fk_cuIpcOpenMemHandle),
+    PROC("cuIpcOpenMemHandle", 11000, fk_cuIpcOpenMemHandle),
+    PROC("cuIpcCloseMemHandle", 4010, fk_cuIpcCloseMemHandle),
     PROC("cuStreamCreate", 2000, fk_cuStreamCreate),
     PROC("cuStreamDestroy", 4000, fk_cuStreamDestroy_v2),
     PROC("cuStreamGetId", 12000, fk_cuStreamGetId),
@@ -2143,6 +2192,9 @@ EXPORT_ALIAS(cuMemcpyHtoD_v2);
 EXPORT_ALIAS(cuMemcpyDtoH_v2);
 EXPORT_ALIAS(cuPointerGetAttribute);
 EXPORT_ALIAS(cuIpcGetMemHandle);
+EXPORT_ALIAS(cuIpcOpenMemHandle);
+EXPORT __typeof__(fk_cuIpcOpenMemHandle) cuIpcOpenMemHandle_v2 __attribute__((alias("fk_cuIpcOpenMemHandle")));
+EXPORT_ALIAS(cuIpcCloseMemHandle);
 EXPORT_ALIAS(cuStreamCreate);
 EXPORT_ALIAS(cuStreamDestroy_v2);
 EXPORT_ALIAS(cuStreamGetId);

@@ -24,6 +24,9 @@
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUhandle;
+typedef struct {
+    char reserved[64];
+} CUipcMemHandle;
 
 #define CU_STREAM_CAPTURE_MODE_GLOBAL 0
 #define CU_STREAM_CAPTURE_MODE_RELAXED 2
@@ -46,6 +49,8 @@ struct driver {
     CUresult (*cuMemGetAddressRange_v2)(CUdeviceptr *, size_t *, CUdeviceptr);
     CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned);
     CUresult (*cuIpcGetMemHandle)(void *, CUdeviceptr);
+    CUresult (*cuIpcOpenMemHandle_v2)(CUdeviceptr *, CUipcMemHandle, unsigned);
+    CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
     CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
     CUresult (*cuStreamCreate)(CUhandle *, unsigned);
     CUresult (*cuStreamBeginCapture_v2)(CUhandle, int);
@@ -86,6 +91,8 @@ CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
 CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
 CUresult cuIpcGetMemHandle(void *, CUdeviceptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned);
+CUresult cuIpcCloseMemHandle(CUdeviceptr);
 CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
 CUresult cuStreamCreate(CUhandle *, unsigned);
 CUresult cuStreamBeginCapture_v2(CUhandle, int);
@@ -106,6 +113,8 @@ static void load_driver(void)
     drv.cuMemGetAddressRange_v2 = cuMemGetAddressRange_v2;
     drv.cuMemAllocManaged = cuMemAllocManaged;
     drv.cuIpcGetMemHandle = cuIpcGetMemHandle;
+    drv.cuIpcOpenMemHandle_v2 = cuIpcOpenMemHandle_v2;
+    drv.cuIpcCloseMemHandle = cuIpcCloseMemHandle;
     drv.cuPointerGetAttribute = cuPointerGetAttribute;
     drv.cuStreamCreate = cuStreamCreate;
     drv.cuStreamBeginCapture_v2 = cuStreamBeginCapture_v2;
@@ -128,6 +137,8 @@ static void load_driver(void)
     LOAD(cuMemGetAddressRange_v2);
     LOAD(cuMemAllocManaged);
     LOAD(cuIpcGetMemHandle);
+    LOAD(cuIpcOpenMemHandle_v2);
+    LOAD(cuIpcCloseMemHandle);
     LOAD(cuPointerGetAttribute);
     LOAD(cuStreamCreate);
     LOAD(cuStreamBeginCapture_v2);
@@ -166,6 +177,8 @@ static void load_driver(void)
     QUERY(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 3020);
     QUERY(cuMemAllocManaged, "cuMemAllocManaged", 6000);
     QUERY(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010);
+    QUERY(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000);
+    QUERY(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010);
     QUERY(cuPointerGetAttribute, "cuPointerGetAttribute", 4000);
     QUERY(cuStreamCreate, "cuStreamCreate", 2000);
     QUERY(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010);
@@ -412,13 +425,24 @@ static void scenario_queries_on_blocks(void)
     CHECK(drv.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, b + 1));
     CHECK(drv.cuPointerGetAttribute(&attr_size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, b + 1));
     printf("attr_b.start_is_b=%d\nattr_b.size=%zu\n", start == b, attr_size);
-    /* IPC: a block sharing its driver allocation with others cannot be exported honestly;
-     * a block that is a whole allocation can. */
-    char handle[64];
-    printf("ipc_small=%d\n", drv.cuIpcGetMemHandle(handle, a));
+    /* IPC: a block sharing its driver allocation with others exports a handle of its own
+     * (under the preload), which opens at the block; the fake driver opens in the same
+     * process, at the allocation's base. A block that is a whole allocation exports the
+     * driver's handle. */
+    CUipcMemHandle handle;
+    printf("ipc_small=%d\n", drv.cuIpcGetMemHandle(&handle, a));
+    CUdeviceptr opened = 0, opened_again = 0;
+    printf("ipc_small_open=%d\n", drv.cuIpcOpenMemHandle_v2(&opened, handle, 1));
+    printf("ipc_small_open_is_a=%d\n", opened == a);
+    printf("ipc_small_open_again=%d\n", drv.cuIpcOpenMemHandle_v2(&opened_again, handle, 1));
+    printf("ipc_small_close=%d\n", drv.cuIpcCloseMemHandle(opened));
+    printf("ipc_small_close_again=%d\n", drv.cuIpcCloseMemHandle(opened_again));
     CUdeviceptr whole = 0;
     CHECK(drv.cuMemAlloc_v2(&whole, 64 * MIB));
-    printf("ipc_whole=%d\n", drv.cuIpcGetMemHandle(handle, whole));
+    printf("ipc_whole=%d\n", drv.cuIpcGetMemHandle(&handle, whole));
+    printf("ipc_whole_open=%d\n", drv.cuIpcOpenMemHandle_v2(&opened, handle, 1));
+    printf("ipc_whole_open_is_whole=%d\n", opened == whole);
+    printf("ipc_whole_close=%d\n", drv.cuIpcCloseMemHandle(opened));
     CHECK(drv.cuMemFree_v2(whole));
     size_t free_bytes = 0, total = 0;
     printf("info_null_free=%d\n", drv.cuMemGetInfo_v2(NULL, &total));

@@ -39,6 +39,10 @@ static bool from_hex(const char *hex, void *out, size_t n) {
 static int child(const char *hex, size_t n, uint32_t seed) {
   cudaIpcMemHandle_t h;
   if (!from_hex(hex, &h, sizeof h)) return 30;
+  // IPC_CHILD_DEVICE=1: the importer works on another GPU than the exporter (two GPUs).
+  if (const char *dev = getenv("IPC_CHILD_DEVICE")) {
+    if (cudaSetDevice(atoi(dev)) != cudaSuccess) return 30;
+  }
   void *p = nullptr;
   cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
   if (e != cudaSuccess) {

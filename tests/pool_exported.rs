@@ -15,7 +15,10 @@ fn empty_cache_keeps_exported_segments_and_releases_the_rest() {
     let reserved = || rt.context_stats(ctx).unwrap().reserved_bytes.current;
     let shared = rt.alloc(4 * KIB).unwrap(); // in a 2 MiB segment
     let own = rt.alloc(64 * MIB as usize).unwrap(); // a segment of its own
-    assert!(rt.keep_exported(shared + 1).is_none(), "not a block's start");
+    assert!(
+        rt.keep_exported(shared + 1).is_none(),
+        "not a block's start"
+    );
     assert!(rt.keep_exported(0xdead_0000).is_none(), "not a pool block");
     let exported = rt.keep_exported(shared).expect("a live block");
     assert_eq!(exported.ptr, shared);

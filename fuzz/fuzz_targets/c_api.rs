@@ -36,7 +36,11 @@ fn check_bytes(b: &Live) {
     // SAFETY: host backend: a live block is host memory of `size` bytes.
     unsafe {
         assert_eq!(*b.ptr, b.tag, "first byte of a live block changed");
-        assert_eq!(*b.ptr.add(b.size - 1), b.tag, "last byte of a live block changed");
+        assert_eq!(
+            *b.ptr.add(b.size - 1),
+            b.tag,
+            "last byte of a live block changed"
+        );
     }
 }
 
@@ -76,7 +80,11 @@ fuzz_target!(|data: &[u8]| {
                         *(p as *mut u8) = tag;
                         *(p as *mut u8).add(size - 1) = tag;
                     }
-                    live.push(Live { ptr: p.cast(), size, tag });
+                    live.push(Live {
+                        ptr: p.cast(),
+                        size,
+                        tag,
+                    });
                 }
             }
             2 | 3 if !live.is_empty() => {
@@ -101,7 +109,11 @@ fuzz_target!(|data: &[u8]| {
                 };
                 // SAFETY: cupool looks the pointer up, never dereferences it.
                 let st = unsafe { cupool_free(p) };
-                ok_or(st, &[CupoolErrorInvalidPointer], "free of a foreign pointer");
+                ok_or(
+                    st,
+                    &[CupoolErrorInvalidPointer],
+                    "free of a foreign pointer",
+                );
             }
             5 if !freed.is_empty() => {
                 let p = freed[a as usize % freed.len()];
@@ -119,7 +131,11 @@ fuzz_target!(|data: &[u8]| {
             6 => {
                 let mut released = 0usize;
                 // SAFETY: a valid out-pointer.
-                ok_or(unsafe { cupool_empty_cache(&mut released) }, &[], "empty_cache");
+                ok_or(
+                    unsafe { cupool_empty_cache(&mut released) },
+                    &[],
+                    "empty_cache",
+                );
             }
             7 => {
                 const KEYS: &[&[u8]] = &[
@@ -162,5 +178,8 @@ fuzz_target!(|data: &[u8]| {
     let mut s = CupoolStats::new();
     // SAFETY: a valid stats struct.
     ok_or(unsafe { cupool_get_stats(-1, &mut s) }, &[], "get_stats");
-    assert_eq!(s.allocated_bytes.current, 0, "allocated after everything was freed");
+    assert_eq!(
+        s.allocated_bytes.current, 0,
+        "allocated after everything was freed"
+    );
 });

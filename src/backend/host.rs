@@ -67,6 +67,10 @@ struct State {
     /// Completion queries answered, per context.
     queries: HashMap<u64, u64>,
     fail_next_alloc: Option<BackendError>,
+    /// The next context fence (`cuEventRecord`) and the next completion query
+    /// (`cuEventQuery`) fail with these (fault injection).
+    fail_next_fence: Option<BackendError>,
+    fail_next_query: Option<BackendError>,
     /// Simulated virtual memory management (Note [host vmm]).
     vmm: HostVmm,
 }
@@ -167,6 +171,8 @@ impl HostBackend {
                 fences_recorded: 0,
                 queries: HashMap::new(),
                 fail_next_alloc: None,
+                fail_next_fence: None,
+                fail_next_query: None,
                 vmm: HostVmm::default(),
             }),
         }
@@ -212,7 +218,9 @@ impl HostBackend {
     }
 
     fn count_special(&self, s: &State) {
-        let n = s.manual.len() + s.lagging.len() + s.capturing.len();
+        // A pending injected fault turns the lock-free fences and queries off until it fires.
+        let faults = s.fail_next_fence.is_some() as usize + s.fail_next_query.is_some() as usize;
+        let n = s.manual.len() + s.lagging.len() + s.capturing.len() + faults;
         self.special.store(n, Ordering::Release);
     }
 
@@ -316,6 +324,20 @@ impl HostBackend {
     /// The next allocation fails with `e` (fault injection).
     pub fn fail_next_alloc(&self, e: BackendError) {
         self.state.lock().fail_next_alloc = Some(e);
+    }
+
+    /// The next context fence fails with `e` (fault injection: `cuEventRecord`).
+    pub fn fail_next_fence(&self, e: BackendError) {
+        let mut s = self.state.lock();
+        s.fail_next_fence = Some(e);
+        self.count_special(&s);
+    }
+
+    /// The next completion query fails with `e` (fault injection: `cuEventQuery`).
+    pub fn fail_next_query(&self, e: BackendError) {
+        let mut s = self.state.lock();
+        s.fail_next_query = Some(e);
+        self.count_special(&s);
     }
 
     pub fn counters(&self) -> HostCounters {
@@ -682,6 +704,10 @@ impl Backend for HostBackend {
             return Ok(EventHandle(DONE_EVENT | id));
         }
         let mut s = self.state.lock();
+        if let Some(e) = s.fail_next_fence.take() {
+            self.count_special(&s);
+            return Err(e);
+        }
         if s.capturing.contains(&ctx.0) {
             return Err(BackendError::Capturing);
         }
@@ -691,10 +717,17 @@ impl Backend for HostBackend {
     }
 
     fn event_completed(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<bool> {
-        if event.0 & DONE_EVENT != 0 {
+        if event.0 & DONE_EVENT != 0 && self.special.load(Ordering::Acquire) == 0 {
             return Ok(true);
         }
         let mut s = self.state.lock();
+        if let Some(e) = s.fail_next_query.take() {
+            self.count_special(&s);
+            return Err(e);
+        }
+        if event.0 & DONE_EVENT != 0 {
+            return Ok(true);
+        }
         let &(ctx, done) = s.events.get(&event.0).ok_or(BackendError::InvalidValue)?;
         *s.queries.entry(ctx).or_default() += 1;
         Ok(done)

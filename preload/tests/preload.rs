@@ -363,6 +363,41 @@ fn a_fork_child_passes_through_to_the_driver() {
     }
 }
 
+/// Issue 14's lifecycle: 1000 process exits under the preload, each with blocks live and
+/// four threads in the middle of allocating and freeing (exit at a different moment each
+/// time): every one ends with status 0, and none crashes.
+#[test]
+fn a_thousand_exits_with_live_blocks_and_allocating_threads() {
+    let exe = support::driver_program(Reach::Linked);
+    let runs: usize = std::env::var("CUPOOL_EXIT_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    for i in 0..runs {
+        let seed = i.to_string();
+        let out = run(&exe, &["exit-busy", &seed], true, &[]);
+        assert!(
+            out.status.success(),
+            "run {i}: {:?}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// 100 children forked from a process whose pool is live use CUDA themselves (through the
+/// driver: a fork child never touches the parent's pool), and the parent's pool keeps
+/// working between the forks.
+#[test]
+fn a_hundred_fork_children_use_cuda_themselves() {
+    for reach in [Reach::GetProcAddress, Reach::Linked] {
+        let exe = support::driver_program(reach);
+        let out = run_ok(&exe, &["forks"], true, &[]);
+        assert_eq!(out.get("children_ok"), "100", "{reach:?}");
+        assert_eq!(out.get("parent.free"), "0", "{reach:?}");
+    }
+}
+
 /// Nothing reaches the driver from cupool once exit has started, whether the program
 /// leaves blocks allocated or frees them from exit handlers and destructors.
 #[test]

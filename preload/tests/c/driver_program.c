@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -569,6 +570,66 @@ static void scenario_exit(int free_late)
     fflush(stdout);
 }
 
+/* Exit while other threads are in the middle of allocating and freeing, with blocks live:
+ * argv[2] is a seed that sets how long the threads run before main returns. The process
+ * must end with status 0 and no crash (the pool's exit handling races the threads). */
+static void *busy_thread(void *arg)
+{
+    uintptr_t k = (uintptr_t)arg;
+    for (unsigned i = 0;; i++) {
+        CUdeviceptr p = 0;
+        size_t size = ((size_t)((i * 2654435761u + k * 97) % 4096) + 1) * 1024; /* 1 KiB-4 MiB */
+        if (drv.cuMemAlloc_v2(&p, size) == 0)
+            drv.cuMemFree_v2(p);
+    }
+    return NULL;
+}
+
+static void scenario_exit_busy(unsigned seed)
+{
+    CUdeviceptr live[8];
+    for (int i = 0; i < 8; i++)
+        CHECK(drv.cuMemAlloc_v2(&live[i], (size_t)(i + 1) * 300 * 1024));
+    for (uintptr_t k = 0; k < 4; k++) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, busy_thread, (void *)k) != 0)
+            exit(3);
+        pthread_detach(t);
+    }
+    usleep(200 + (seed * 7919u) % 3000);
+    printf("exiting=1\n");
+    fflush(stdout);
+}
+
+/* 100 children, each forked from a parent with a live pool, use CUDA themselves. */
+static void scenario_forks(void)
+{
+    CUdeviceptr p = 0;
+    CHECK(drv.cuMemAlloc_v2(&p, MIB));
+    int ok = 0;
+    for (int c = 0; c < 100; c++) {
+        fflush(stdout);
+        pid_t child = fork();
+        if (child == 0) {
+            for (int i = 0; i < 10; i++) {
+                CUdeviceptr q = 0;
+                if (drv.cuMemAlloc_v2(&q, (size_t)(i + 1) * 100 * 1024) != 0 ||
+                    drv.cuMemFree_v2(q) != 0)
+                    _exit(10);
+            }
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        /* The parent's pool keeps working between forks. */
+        CUdeviceptr q = 0;
+        if (drv.cuMemAlloc_v2(&q, 3 * MIB) != 0 || drv.cuMemFree_v2(q) != 0)
+            exit(4);
+    }
+    printf("children_ok=%d\nparent.free=%d\n", ok, drv.cuMemFree_v2(p));
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -598,6 +659,10 @@ int main(int argc, char **argv)
         scenario_exit(0);
     else if (!strcmp(s, "exit-free-late"))
         scenario_exit(1);
+    else if (!strcmp(s, "exit-busy"))
+        scenario_exit_busy(argc > 2 ? (unsigned)atoi(argv[2]) : 0);
+    else if (!strcmp(s, "forks"))
+        scenario_forks();
 #if defined(REACH_GPA)
     else if (!strcmp(s, "queries"))
         scenario_queries();

@@ -177,6 +177,7 @@ pub fn driver_program(reach: Reach) -> PathBuf {
         exe.as_os_str(),
         source.as_os_str(),
         "-ldl".as_ref(),
+        "-lpthread".as_ref(),
     ]);
     let lib_dir = format!("-L{}", fake.display());
     if reach == Reach::Linked {

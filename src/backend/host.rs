@@ -71,6 +71,8 @@ struct State {
     /// (`cuEventQuery`) fail with these (fault injection).
     fail_next_fence: Option<BackendError>,
     fail_next_query: Option<BackendError>,
+    /// The next `release` (`cuMemFree`) fails with this, the memory staying allocated.
+    fail_next_release: Option<BackendError>,
     /// Simulated virtual memory management (Note [host vmm]).
     vmm: HostVmm,
 }
@@ -173,6 +175,7 @@ impl HostBackend {
                 fail_next_alloc: None,
                 fail_next_fence: None,
                 fail_next_query: None,
+                fail_next_release: None,
                 vmm: HostVmm::default(),
             }),
         }
@@ -330,6 +333,23 @@ impl HostBackend {
     pub fn fail_next_fence(&self, e: BackendError) {
         let mut s = self.state.lock();
         s.fail_next_fence = Some(e);
+        self.count_special(&s);
+    }
+
+    /// The next release of a segment fails with `e`, its memory staying allocated (fault
+    /// injection: `cuMemFree`).
+    pub fn fail_next_release(&self, e: BackendError) {
+        self.state.lock().fail_next_release = Some(e);
+    }
+
+    /// Disarms every injected fault not yet fired.
+    pub fn clear_faults(&self) {
+        let mut s = self.state.lock();
+        s.fail_next_alloc = None;
+        s.fail_next_fence = None;
+        s.fail_next_query = None;
+        s.fail_next_release = None;
+        s.vmm.fail_next_create = None;
         self.count_special(&s);
     }
 
@@ -557,6 +577,9 @@ impl Backend for HostBackend {
 
     fn release(&self, _ctx: ContextId, ptr: DevicePtr, _bytes: u64) -> BackendResult<()> {
         let mut s = self.state.lock();
+        if let Some(e) = s.fail_next_release.take() {
+            return Err(e);
+        }
         let Some((bytes, device)) = s.allocations.remove(&ptr) else {
             return Err(BackendError::InvalidValue);
         };

@@ -1,6 +1,6 @@
 //! Giving memory back to the backend: idle segments (and the VMM arena's idle granules).
 
-use super::block::{BlockIdx, Place, NIL};
+use super::block::{BlockData, BlockIdx, Place, NIL};
 use super::counters::{Level, ThreadCounters};
 use super::fences::Advance;
 use super::{thread_cache, DevicePool, ADDRESSES, BACKEND_OFF, BLOCKS};
@@ -34,7 +34,7 @@ impl DevicePool {
             return 0;
         }
         let floor = self.reserve_floor();
-        let victims: Vec<(u64, u64)> = {
+        let victims: Vec<(u64, u64, super::block::SegmentKind)> = {
             let mut sh = self.shared.lock();
             let arena_base = sh.arena.as_ref().map(|a| a.base);
             // SAFETY: pool lock held.
@@ -64,31 +64,34 @@ impl DevicePool {
                 }
                 left -= size;
                 // SAFETY: pool lock held; `idx` is a free shared block in its index.
-                unsafe {
+                let kind = unsafe {
                     let kind = BLOCKS.get(idx).data().kind;
                     sh.index(kind).remove(&BLOCKS, idx);
                     ADDRESSES.clear(base);
                     BLOCKS.release(idx);
-                }
+                    kind
+                };
                 sh.segments.remove(&base);
-                v.push((base, size));
+                v.push((base, size, kind));
             }
-            let total: u64 = v.iter().map(|&(_, s)| s).sum();
+            let total: u64 = v.iter().map(|&(_, s, _)| s).sum();
             sh.reserved -= total;
             sh.slow.device_frees += v.len() as u64;
             v
         };
         let mut released = 0;
-        for (ptr, size) in victims {
-            crate::trace::record::segment_free(ptr, size, self.ctx.device);
-            c.lower(Level::Cached, size);
+        for (ptr, size, kind) in victims {
             match self.backend.release(self.ctx.id, ptr, size) {
-                Ok(()) => released += size,
-                Err(e) => {
-                    // The driver refused (shutting down, or a driver bug): the memory is
-                    // gone from the pool either way; report it once.
-                    crate::log::warn(&format!("cupool: releasing a segment failed: {e:?}"));
+                Ok(()) => {
+                    crate::trace::record::segment_free(ptr, size, self.ctx.device);
+                    c.lower(Level::Cached, size);
                     released += size;
+                }
+                Err(e) => {
+                    crate::log::warn(&format!(
+                        "cupool: the driver refused to free a segment ({e:?}); the pool keeps it and tries again at its next release"
+                    ));
+                    self.readopt_segment(ptr, size, kind);
                 }
             }
         }
@@ -96,6 +99,31 @@ impl DevicePool {
             released += self.release_arena(c);
         }
         released
+    }
+
+    /// Note [failed release]: a segment whose `cuMemFree` fails is still the driver's
+    /// memory held by this process. Dropping it from the books (what the pool did before)
+    /// leaked it for good; it is booked again instead, as one idle free block, and the next
+    /// release tries again. Its driver free was counted already, so the count goes back.
+    fn readopt_segment(&self, ptr: u64, size: u64, kind: super::block::SegmentKind) {
+        let mut sh = self.shared.lock();
+        let Some(idx) = sh.new_record() else {
+            crate::log::error(
+                "cupool: no block record left to keep a segment the driver did not free",
+            );
+            return;
+        };
+        // SAFETY: the record is new and ours; pool lock held.
+        unsafe {
+            *BLOCKS.get(idx).data() =
+                BlockData::segment_head(ptr, size, self.index, kind, Place::FreeShared);
+            BLOCKS.get(idx).publish_free(ptr);
+            ADDRESSES.set(ptr, idx);
+            sh.segments.insert(ptr, idx);
+            sh.reserved += size;
+            sh.slow.device_frees -= 1;
+            self.insert_shared(&mut sh, idx);
+        }
     }
 
     /// Note [release bound]: before the pool grows by `size` bytes, keeps its reserved

@@ -17,6 +17,10 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::cell::Cell;
 use std::collections::HashMap;
 
+mod faults;
+mod pages;
+use pages::{map_device_memory, reserve_address_space, unmap_device_memory};
+
 /// Devices the host backend pretends to have.
 pub const HOST_DEVICES: i32 = 2;
 /// Simulated memory per device unless changed with [`HostBackend::set_capacity`].
@@ -319,47 +323,6 @@ impl HostBackend {
         self.count_special(&s);
     }
 
-    /// The next creation of physical memory fails with `e` (fault injection).
-    pub fn fail_next_create(&self, e: BackendError) {
-        self.state.lock().vmm.fail_next_create = Some(e);
-    }
-
-    /// The next allocation fails with `e` (fault injection).
-    pub fn fail_next_alloc(&self, e: BackendError) {
-        self.state.lock().fail_next_alloc = Some(e);
-    }
-
-    /// The next context fence fails with `e` (fault injection: `cuEventRecord`).
-    pub fn fail_next_fence(&self, e: BackendError) {
-        let mut s = self.state.lock();
-        s.fail_next_fence = Some(e);
-        self.count_special(&s);
-    }
-
-    /// The next release of a segment fails with `e`, its memory staying allocated (fault
-    /// injection: `cuMemFree`).
-    pub fn fail_next_release(&self, e: BackendError) {
-        self.state.lock().fail_next_release = Some(e);
-    }
-
-    /// Disarms every injected fault not yet fired.
-    pub fn clear_faults(&self) {
-        let mut s = self.state.lock();
-        s.fail_next_alloc = None;
-        s.fail_next_fence = None;
-        s.fail_next_query = None;
-        s.fail_next_release = None;
-        s.vmm.fail_next_create = None;
-        self.count_special(&s);
-    }
-
-    /// The next completion query fails with `e` (fault injection: `cuEventQuery`).
-    pub fn fail_next_query(&self, e: BackendError) {
-        let mut s = self.state.lock();
-        s.fail_next_query = Some(e);
-        self.count_special(&s);
-    }
-
     pub fn counters(&self) -> HostCounters {
         let s = self.state.lock();
         HostCounters {
@@ -400,91 +363,6 @@ impl HostBackend {
         s.events.insert(ev, (ctx.0, done));
         EventHandle(ev)
     }
-}
-
-/// Simulated device memory: an anonymous private mapping with `MAP_NORESERVE`, so a page
-/// costs host memory only once something writes to it. Tests that write into their blocks
-/// get real memory; a replay of a trace that reserved tens of GiB on a GPU touches none of
-/// it and runs on a small machine. Segments of 2 MiB and more are 2 MiB aligned, as the
-/// driver aligns them; smaller ones page aligned (the pool needs 512).
-fn map_device_memory(bytes: u64) -> Option<u64> {
-    const HUGE: usize = 2 << 20;
-    let bytes = usize::try_from(bytes).ok()?;
-    let align = if bytes >= HUGE { HUGE } else { 4096 };
-    let span = bytes.checked_add(align)?;
-    // SAFETY: a fresh anonymous mapping; nothing else refers to it.
-    let base = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            span,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return None;
-    }
-    let base = base as usize;
-    let start = base.next_multiple_of(align);
-    // Trim the unaligned head and the tail so that exactly [start, start + bytes) stays
-    // mapped (the page-rounded length, as munmap rounds it).
-    let end = (start + bytes).next_multiple_of(4096);
-    // SAFETY: both ranges lie inside the mapping made above and are page aligned.
-    unsafe {
-        if start > base {
-            libc::munmap(base as *mut libc::c_void, start - base);
-        }
-        if base + span > end {
-            libc::munmap(end as *mut libc::c_void, base + span - end);
-        }
-    }
-    Some(start as u64)
-}
-
-/// A `PROT_NONE` reservation of `bytes` (a multiple of [`HOST_VMM_GRANULE`]) aligned to
-/// the granule.
-fn reserve_address_space(bytes: u64) -> Option<u64> {
-    let g = HOST_VMM_GRANULE as usize;
-    let bytes = usize::try_from(bytes).ok()?;
-    let span = bytes.checked_add(g)?;
-    // SAFETY: a fresh anonymous mapping; nothing else refers to it.
-    let base = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            span,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return None;
-    }
-    let base = base as usize;
-    let start = base.next_multiple_of(g);
-    // SAFETY: both ranges lie inside the mapping made above and are page aligned.
-    unsafe {
-        if start > base {
-            libc::munmap(base as *mut libc::c_void, start - base);
-        }
-        if base + span > start + bytes {
-            libc::munmap(
-                (start + bytes) as *mut libc::c_void,
-                base + span - start - bytes,
-            );
-        }
-    }
-    Some(start as u64)
-}
-
-/// Unmaps what [`map_device_memory`] mapped.
-fn unmap_device_memory(ptr: u64, bytes: u64) {
-    // SAFETY: `ptr` came from map_device_memory with this size and was removed from the
-    // allocation table once, so nothing maps it twice or uses it after this.
-    unsafe { libc::munmap(ptr as *mut libc::c_void, bytes as usize) };
 }
 
 impl Backend for HostBackend {

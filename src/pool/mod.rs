@@ -220,7 +220,8 @@ struct Shared {
 /// lock, which every pool shares: with one thread per device, streamless pairs went from
 /// 9.1 M/s on one device to 3.5 M/s on two (`examples/devices_scaling.rs`, host backend;
 /// on two H200s 0.50–0.63×). Each pool now keeps a stash under its own lock and trades
-/// with the table in batches of `RECORD_BATCH`.
+/// with the table in batches of `RECORD_BATCH`: 12.2 M/s on one device, 21.2 M/s on two
+/// (host), 1.54–1.94× on the two H200s.
 const RECORD_BATCH: usize = 64;
 
 impl Shared {
@@ -389,7 +390,6 @@ impl DevicePool {
         self.peak_epoch.load(Ordering::Relaxed)
     }
 
-    /// Whether large blocks come from the VMM arena now.
     /// Whether a block of `size` comes from (and goes back to) this pool's VMM arena.
     ///
     /// Note [arena blocks bypass thread caches]: a large block parked in a thread cache is
@@ -397,13 +397,14 @@ impl DevicePool {
     /// neighbours, and a request of another size class misses it: the arena then maps or
     /// moves memory instead. Given straight to its stream's free list it merges at once
     /// and is still reused by its stream without a fence. Host replays, `vmm:on`
-    /// (docs/BENCHMARKS.md): `conv_train.torch` 1075 + 743 map + unmap calls at 95.8% to
-    /// 572 + 247 at 96.4%, `gpt_train.torch` 1595 + 897 at 96.0% to 1063 + 372 at 96.2%.
+    /// (docs/BENCHMARKS.md): `conv_train.torch` 1133 + 797 map + unmap calls at 96.0% to
+    /// 387 + 67 at 97.7%, `gpt_train.torch` 1653 + 963 at 96.3% to 1242 + 552 at 96.6%.
     #[inline]
     pub(crate) fn vmm_large(&self, size: u64) -> bool {
         size > size_policy::SMALL_MAX && self.vmm.load(Ordering::Relaxed)
     }
 
+    /// Whether large blocks come from the VMM arena now.
     fn arena_active(&self) -> bool {
         self.vmm.load(Ordering::Relaxed) && self.shared.lock().arena.is_some()
     }

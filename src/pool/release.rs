@@ -1,6 +1,6 @@
 //! Giving memory back to the backend: idle segments (and the VMM arena's idle granules).
 
-use super::block::{BlockData, BlockIdx, Place, NIL};
+use super::block::{BlockData, BlockIdx, Place, SegmentKind, NIL};
 use super::counters::{Level, ThreadCounters};
 use super::fences::Advance;
 use super::{thread_cache, DevicePool, ADDRESSES, BACKEND_OFF, BLOCKS};
@@ -34,7 +34,7 @@ impl DevicePool {
             return 0;
         }
         let floor = self.reserve_floor();
-        let victims: Vec<(u64, u64, super::block::SegmentKind)> = {
+        let victims: Vec<(u64, u64, SegmentKind)> = {
             let mut sh = self.shared.lock();
             let arena_base = sh.arena.as_ref().map(|a| a.base);
             // SAFETY: pool lock held.
@@ -105,7 +105,7 @@ impl DevicePool {
     /// memory held by this process. Dropping it from the books (what the pool did before)
     /// leaked it for good; it is booked again instead, as one idle free block, and the next
     /// release tries again. Its driver free was counted already, so the count goes back.
-    fn readopt_segment(&self, ptr: u64, size: u64, kind: super::block::SegmentKind) {
+    fn readopt_segment(&self, ptr: u64, size: u64, kind: SegmentKind) {
         let mut sh = self.shared.lock();
         let Some(idx) = sh.new_record() else {
             crate::log::error(

@@ -13,10 +13,12 @@
 
 #[path = "fake_cuda/mod.rs"]
 mod fake_cuda;
+mod random_ops;
 
 use cupool::runtime::runtime;
 use cupool::CupoolStatus;
 use fake_cuda::{build_fake_libcuda, is_child, run_child, FakeCuda, VmmFn};
+use random_ops::{check_every_50, Live, Rng};
 
 const OUT_OF_MEMORY: i32 = 2;
 const LAUNCH_FAILED: i32 = 719;
@@ -47,34 +49,6 @@ fn in_child(test_name: &str, conf: &str, body: fn()) {
     }
 }
 
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Log-uniform between 256 B and 48 MiB.
-    fn size(&mut self) -> u64 {
-        let bits = 8 + self.below(18);
-        (1u64 << bits) + self.below(1u64 << bits)
-    }
-}
-
-fn holds(p: u64, n: u64, v: u8) -> bool {
-    // SAFETY: the pool handed out at least n bytes at p (the fake's memory is host memory).
-    let s = unsafe { std::slice::from_raw_parts(p as *const u8, n.min(4096) as usize) };
-    s.iter().all(|&b| b == v)
-}
-
 fn sequences(vmm: bool) {
     let fake = FakeCuda::loaded().expect("the fake libcuda is on the path");
     let rt = runtime().expect("the runtime starts on the cuda backend");
@@ -88,8 +62,8 @@ fn sequences(vmm: bool) {
         .unwrap_or(3);
     let (mut injected, mut failed) = (0u32, 0u32);
     for seed in 1..=runs {
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-        let mut live: Vec<(u64, u64, usize, u8)> = Vec::new();
+        let mut rng = Rng::for_seed(seed);
+        let mut live = Live::default();
         for step in 0..1000u32 {
             if rng.below(10) == 0 {
                 let code = if rng.below(2) == 0 {
@@ -107,56 +81,19 @@ fn sequences(vmm: bool) {
             if rng.below(25) == 0 {
                 fake.set_event_latency(rng.below(4) as i32);
             }
-            if live.len() < 24 && (live.is_empty() || rng.below(3) != 0) {
-                let n = rng.size();
-                let stream = [0, s1, s2][rng.below(3) as usize];
-                let r = if stream == 0 {
-                    rt.alloc(n as usize)
-                } else {
-                    rt.alloc_async(n as usize, stream)
-                };
-                match r {
-                    Ok(p) => {
-                        let v = (step % 251) as u8 + 1;
-                        // SAFETY: at least n bytes at p, host memory of the fake.
-                        unsafe { std::ptr::write_bytes(p as *mut u8, v, n.min(4096) as usize) };
-                        live.push((p, n, stream, v));
-                    }
-                    Err(e) => {
-                        assert!(
-                            matches!(
-                                e,
-                                CupoolStatus::CupoolErrorOutOfMemory
-                                    | CupoolStatus::CupoolErrorCuda
-                            ),
-                            "seed {seed} step {step}: {e:?}"
-                        );
-                        failed += 1;
-                    }
-                }
-            } else {
-                let (p, n, stream, v) = live.swap_remove(rng.below(live.len() as u64) as usize);
+            if let Err(e) = live.step(rt, &mut rng, [s1, s2], seed, step) {
                 assert!(
-                    holds(p, n, v),
-                    "seed {seed} step {step}: block {p:#x} changed"
+                    matches!(
+                        e,
+                        CupoolStatus::CupoolErrorOutOfMemory | CupoolStatus::CupoolErrorCuda
+                    ),
+                    "seed {seed} step {step}: {e:?}"
                 );
-                if stream == 0 || rng.below(4) == 0 {
-                    rt.free(p).unwrap();
-                } else {
-                    rt.free_async(p, stream).unwrap();
-                }
+                failed += 1;
             }
-            if step % 50 == 0 {
-                rt.context_pool(ctx)
-                    .unwrap()
-                    .check_invariants()
-                    .unwrap_or_else(|e| panic!("seed {seed} step {step}: {e}"));
-            }
+            check_every_50(rt, ctx, seed, step);
         }
-        for (p, n, _, v) in live.drain(..) {
-            assert!(holds(p, n, v), "seed {seed}: block {p:#x} changed");
-            rt.free(p).unwrap();
-        }
+        live.free_all(rt, seed);
         // Faults armed and not fired are cancelled; the device catches up.
         fake.fail_next_alloc(0);
         fake.fail_vmm(VmmFn::Create, 1, 0, 0);

@@ -13,46 +13,15 @@
 //! A test binary of its own: the host backend's counters are process-wide (`SERIAL`).
 
 mod host_pool;
+mod random_ops;
 
 use cupool::backend::{BackendError, ContextInfo};
 use cupool::CupoolStatus;
 use host_pool::{setup_on, S1, S2};
+use random_ops::{check_every_50, Live, Rng};
 use std::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Log-uniform between 256 B and 48 MiB.
-    fn size(&mut self) -> u64 {
-        let bits = 8 + self.below(18);
-        (1u64 << bits) + self.below(1u64 << bits)
-    }
-}
-
-fn fill(p: u64, n: u64, v: u8) {
-    // SAFETY: the pool handed out at least n bytes at p (host memory).
-    unsafe { std::ptr::write_bytes(p as *mut u8, v, n.min(4096) as usize) };
-}
-
-fn holds(p: u64, n: u64, v: u8) -> bool {
-    // SAFETY: as for fill.
-    let s = unsafe { std::slice::from_raw_parts(p as *const u8, n.min(4096) as usize) };
-    s.iter().all(|&b| b == v)
-}
 
 /// One context per device and mode, made once: a process has room for 64 pools, and a long
 /// run has thousands of seeds. Each run leaves its pool empty.
@@ -77,9 +46,8 @@ fn run(seed: u64, vmm: bool) {
     let rt = cupool::runtime::runtime().unwrap();
     let host = rt.host_backend().unwrap();
     host.make_current(ctx);
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    // (ptr, size, stream or 0 for streamless, byte pattern)
-    let mut live: Vec<(u64, u64, usize, u8)> = Vec::new();
+    let mut rng = Rng::for_seed(seed);
+    let mut live = Live::default();
     let (mut failures, mut injected) = (0u32, 0u32);
     for step in 0..1500u32 {
         if rng.below(12) == 0 {
@@ -97,57 +65,21 @@ fn run(seed: u64, vmm: bool) {
             }
             injected += 1;
         }
-        if live.len() < 24 && (live.is_empty() || rng.below(3) != 0) {
-            let n = rng.size();
-            let stream = [0, S1, S2][rng.below(3) as usize];
-            let r = if stream == 0 {
-                rt.alloc(n as usize)
-            } else {
-                rt.alloc_async(n as usize, stream)
-            };
-            match r {
-                Ok(p) => {
-                    let v = (step % 251) as u8 + 1;
-                    fill(p, n, v);
-                    live.push((p, n, stream, v));
-                }
-                Err(e) => {
-                    assert!(
-                        matches!(
-                            e,
-                            CupoolStatus::CupoolErrorOutOfMemory
-                                | CupoolStatus::CupoolErrorCuda
-                                | CupoolStatus::CupoolErrorInvalidValue
-                        ),
-                        "seed {seed} step {step}: {e:?}"
-                    );
-                    failures += 1;
-                }
-            }
-        } else {
-            let i = rng.below(live.len() as u64) as usize;
-            let (p, n, stream, v) = live.swap_remove(i);
+        if let Err(e) = live.step(rt, &mut rng, [S1, S2], seed, step) {
             assert!(
-                holds(p, n, v),
-                "seed {seed} step {step}: block {p:#x} changed"
+                matches!(
+                    e,
+                    CupoolStatus::CupoolErrorOutOfMemory
+                        | CupoolStatus::CupoolErrorCuda
+                        | CupoolStatus::CupoolErrorInvalidValue
+                ),
+                "seed {seed} step {step}: {e:?}"
             );
-            if stream == 0 || rng.below(4) == 0 {
-                rt.free(p).unwrap();
-            } else {
-                rt.free_async(p, stream).unwrap();
-            }
+            failures += 1;
         }
-        if step % 50 == 0 {
-            rt.context_pool(ctx)
-                .unwrap()
-                .check_invariants()
-                .unwrap_or_else(|e| panic!("seed {seed} step {step}: {e}"));
-        }
+        check_every_50(rt, ctx, seed, step);
     }
-    for (p, n, _, v) in live.drain(..) {
-        assert!(holds(p, n, v), "seed {seed}: block {p:#x} changed");
-        rt.free(p).unwrap();
-    }
+    live.free_all(rt, seed);
     // One more injected out-of-memory on a request that needs new memory (it replaces a
     // failure of that kind still pending): the release-and-retry serves it.
     if vmm {

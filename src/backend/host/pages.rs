@@ -12,13 +12,27 @@ pub(super) fn map_device_memory(bytes: u64) -> Option<u64> {
     const HUGE: usize = 2 << 20;
     let bytes = usize::try_from(bytes).ok()?;
     let align = if bytes >= HUGE { HUGE } else { 4096 };
+    map_aligned(bytes, align, libc::PROT_READ | libc::PROT_WRITE)
+}
+
+/// A `PROT_NONE` reservation of `bytes` (a multiple of [`HOST_VMM_GRANULE`]) aligned to
+/// the granule.
+pub(super) fn reserve_address_space(bytes: u64) -> Option<u64> {
+    let bytes = usize::try_from(bytes).ok()?;
+    map_aligned(bytes, HOST_VMM_GRANULE as usize, libc::PROT_NONE)
+}
+
+/// An anonymous private `MAP_NORESERVE` mapping of `bytes` with protection `prot`, starting
+/// at a multiple of `align`: a mapping `align` longer, with the unaligned head and the tail
+/// trimmed, so that exactly `[start, start + bytes)` (page-rounded) stays mapped.
+fn map_aligned(bytes: usize, align: usize, prot: libc::c_int) -> Option<u64> {
     let span = bytes.checked_add(align)?;
     // SAFETY: a fresh anonymous mapping; nothing else refers to it.
     let base = unsafe {
         libc::mmap(
             core::ptr::null_mut(),
             span,
-            libc::PROT_READ | libc::PROT_WRITE,
+            prot,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
@@ -29,8 +43,6 @@ pub(super) fn map_device_memory(bytes: u64) -> Option<u64> {
     }
     let base = base as usize;
     let start = base.next_multiple_of(align);
-    // Trim the unaligned head and the tail so that exactly [start, start + bytes) stays
-    // mapped (the page-rounded length, as munmap rounds it).
     let end = (start + bytes).next_multiple_of(4096);
     // SAFETY: both ranges lie inside the mapping made above and are page aligned.
     unsafe {
@@ -39,43 +51,6 @@ pub(super) fn map_device_memory(bytes: u64) -> Option<u64> {
         }
         if base + span > end {
             libc::munmap(end as *mut libc::c_void, base + span - end);
-        }
-    }
-    Some(start as u64)
-}
-
-/// A `PROT_NONE` reservation of `bytes` (a multiple of [`HOST_VMM_GRANULE`]) aligned to
-/// the granule.
-pub(super) fn reserve_address_space(bytes: u64) -> Option<u64> {
-    let g = HOST_VMM_GRANULE as usize;
-    let bytes = usize::try_from(bytes).ok()?;
-    let span = bytes.checked_add(g)?;
-    // SAFETY: a fresh anonymous mapping; nothing else refers to it.
-    let base = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            span,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return None;
-    }
-    let base = base as usize;
-    let start = base.next_multiple_of(g);
-    // SAFETY: both ranges lie inside the mapping made above and are page aligned.
-    unsafe {
-        if start > base {
-            libc::munmap(base as *mut libc::c_void, start - base);
-        }
-        if base + span > start + bytes {
-            libc::munmap(
-                (start + bytes) as *mut libc::c_void,
-                base + span - start - bytes,
-            );
         }
     }
     Some(start as u64)

@@ -15,6 +15,7 @@ use crate::status::{CupoolStatus, Result};
 use crate::trace::record;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+pub mod ipc;
 mod layout;
 mod lifecycle;
 mod on_device;

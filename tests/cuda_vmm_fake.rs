@@ -466,3 +466,96 @@ fn vmm_block_queries_see_the_block() {
         free_all_and_check_nothing_left(rt, &fake, &[]);
     });
 }
+
+/// Note [exported chunks]: an arena block exports as its chunks' descriptors; importing
+/// them maps the same bytes at another address (both ways); the exported chunks stay held
+/// and mapped through frees and `empty_cache`, and nothing else does.
+#[test]
+fn vmm_blocks_export_as_descriptors_and_their_chunks_stay() {
+    in_child(
+        "vmm_blocks_export_as_descriptors_and_their_chunks_stay",
+        &[],
+        || {
+            let (rt, fake, _program, ctx) = setup(0);
+            // Two blocks, so that the exported one shares a chunk boundary region.
+            let n = 5 * MIB + 3;
+            let p = rt.alloc(n as usize).unwrap();
+            let other = rt.alloc((3 * MIB) as usize).unwrap();
+            fill(p, n, 0x5a);
+            let (block, export) = rt
+                .export_arena_block(p)
+                .expect("exported")
+                .expect("an arena block");
+            assert_eq!((block.ptr, block.requested), (p, n));
+            assert!(!export.chunks.is_empty());
+            let total: u64 = export.chunks.iter().map(|c| c.1).sum();
+            assert!(total >= n && total % G == 0, "{export:?}");
+            assert!(export.offset + n <= total, "{export:?}");
+            assert_eq!(fake.counters().vmm_exports, export.chunks.len() as u64);
+            // Exporting again reuses the descriptors.
+            let (_, again) = rt.export_arena_block(p).unwrap().unwrap();
+            assert_eq!(again, export);
+            assert_eq!(fake.counters().vmm_exports, export.chunks.len() as u64);
+            // Not the start of a block, or not an arena block: nothing to export.
+            assert!(rt.export_arena_block(p + 1).unwrap().is_none());
+            let small = rt.alloc(4096).unwrap();
+            assert!(rt.export_arena_block(small).unwrap().is_none());
+
+            let imported = rt.import_chunks(&export.chunks).expect("imported");
+            let q = imported.base + export.offset;
+            assert_ne!(q, p);
+            assert!(holds(q, n, 0x5a), "the importer sees the exporter's bytes");
+            fill(q, n, 0xa5);
+            assert!(holds(p, n, 0xa5), "and the exporter the importer's");
+            assert_eq!(fake.counters().vmm_imports, export.chunks.len() as u64);
+            rt.close_imported(&imported).expect("closed");
+            let c = fake.counters();
+            assert_eq!(c.vmm_reservations, 1, "the import's range is freed: {c:?}");
+
+            // Freed and emptied: the exported chunks stay, mapped; the rest goes.
+            for b in [p, other, small] {
+                rt.free(b).unwrap();
+            }
+            rt.flush_thread_cache();
+            rt.empty_cache(None).unwrap();
+            pool_matches_driver(rt, &fake, ctx);
+            let c = fake.counters();
+            assert_eq!(c.vmm_handles, export.chunks.len() as u64, "{c:?}");
+            assert_eq!(c.vmm_mappings, export.chunks.len() as u64, "{c:?}");
+            let s = rt.stats(None).unwrap();
+            assert_eq!(s.reserved_bytes.current, total, "only the exported chunks");
+            // The same memory serves the next block there.
+            let r = rt.alloc(n as usize).unwrap();
+            assert_eq!(rt.stats(None).unwrap().reserved_bytes.current, total);
+            rt.free(r).unwrap();
+        },
+    );
+}
+
+/// Note [creation within free memory]: a request larger than the device's free memory fails
+/// with out-of-memory without creating any memory first, and the pool works on after it.
+#[test]
+fn vmm_requests_beyond_free_memory_fail_without_creating() {
+    in_child(
+        "vmm_requests_beyond_free_memory_fail_without_creating",
+        &[],
+        || {
+            let (rt, fake, _program, ctx) = setup(0);
+            let p = rt.alloc((6 * MIB) as usize).unwrap();
+            let creates = fake.counters().vmm_creates;
+            // The fake's device has 1 GiB.
+            assert_eq!(
+                rt.alloc((2u64 << 30) as usize),
+                Err(CupoolStatus::CupoolErrorOutOfMemory)
+            );
+            assert_eq!(
+                fake.counters().vmm_creates,
+                creates,
+                "nothing created for a request that cannot fit"
+            );
+            let q = rt.alloc((8 * MIB) as usize).unwrap();
+            pool_matches_driver(rt, &fake, ctx);
+            free_all_and_check_nothing_left(rt, &fake, &[p, q]);
+        },
+    );
+}

@@ -20,8 +20,11 @@
 //! What an importer can reach: the whole segment of the block (2 MiB for blocks up to
 //! 1 MiB, 20 MiB up to 10 MiB), neighbours included, as with any legacy IPC mapping of a
 //! sub-allocating allocator. The exporter keeps exported segments for good (Note
-//! [exported segments] in `cupool::pool`). VMM-backed blocks (`vmm:on`) are not exported:
-//! legacy IPC does not work on VMM memory and the driver's own error comes back.
+//! [exported segments] in `cupool::pool`). Blocks of the VMM arena (`vmm:on`) travel
+//! differently, as their chunks' file descriptors (Note [ipc of arena blocks] in
+//! `ipc/arena.rs`).
+
+mod arena;
 
 use crate::cuda::*;
 use crate::guard::cuda_call;
@@ -47,6 +50,16 @@ struct Tagged {
     nonce: u64,
     offset: u64,
     size: u64,
+    kind: Kind,
+}
+
+/// What a tagged handle's record describes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A block of a segment: the segment's legacy handle and the block's offset.
+    Segment = 0,
+    /// An arena block: the descriptors of its chunks (Note [ipc of arena blocks]).
+    Arena = 1,
 }
 
 impl Tagged {
@@ -60,16 +73,23 @@ impl Tagged {
         r[24..32].copy_from_slice(&self.offset.to_le_bytes());
         r[32..40].copy_from_slice(&self.size.to_le_bytes());
         r[40..44].copy_from_slice(&self.uid.to_le_bytes());
+        r[44..48].copy_from_slice(&(self.kind as u32).to_le_bytes());
     }
 
     fn read(h: &CuIpcMemHandle) -> Option<Tagged> {
         let r = &h.reserved;
-        if r[0..8] != TAG || r[44..].iter().any(|&b| b != 0) {
+        if r[0..8] != TAG || r[48..].iter().any(|&b| b != 0) {
             return None;
         }
         let u32_at = |i: usize| u32::from_le_bytes(r[i..i + 4].try_into().unwrap());
         let u64_at = |i: usize| u64::from_le_bytes(r[i..i + 8].try_into().unwrap());
+        let kind = match u32_at(44) {
+            0 => Kind::Segment,
+            1 => Kind::Arena,
+            _ => return None,
+        };
         Some(Tagged {
+            kind,
             pid: u32_at(8),
             index: u32_at(12),
             nonce: u64_at(16),
@@ -123,6 +143,12 @@ static REGISTRY_LOCK: Mutex<()> = Mutex::new(());
 
 /// Appends a record; returns its index.
 fn append(record: Record) -> Option<u32> {
+    append_bytes(&record.to_bytes())
+}
+
+/// Appends `bytes` (whole records) at the next free records; returns the first's index.
+fn append_bytes(bytes: &[u8]) -> Option<u32> {
+    debug_assert_eq!(bytes.len() % RECORD_BYTES, 0);
     let _g = REGISTRY_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     // SAFETY: plain libc calls on values we own.
     let (pid, uid) = unsafe { (libc::getpid() as u32, libc::getuid()) };
@@ -153,38 +179,45 @@ fn append(record: Record) -> Option<u32> {
         REGISTRY_PID.store(pid, Relaxed);
         NEXT_RECORD.store(0, Relaxed);
     }
-    let index = NEXT_RECORD.fetch_add(1, Relaxed);
-    let bytes = record.to_bytes();
+    let index = NEXT_RECORD.fetch_add((bytes.len() / RECORD_BYTES) as u32, Relaxed);
     let at = index as libc::off_t * RECORD_BYTES as libc::off_t;
-    // SAFETY: `bytes` is valid for RECORD_BYTES bytes.
+    // SAFETY: `bytes` is valid for its length.
     let n = unsafe {
         libc::pwrite(
             REGISTRY_FD.load(Relaxed),
             bytes.as_ptr().cast(),
-            RECORD_BYTES,
+            bytes.len(),
             at,
         )
     };
-    (n == RECORD_BYTES as isize).then_some(index)
+    (n == bytes.len() as isize).then_some(index)
+}
+
+/// Reads `out.len()` bytes of records from the record `index` of the registry of
+/// (`uid`, `pid`); whether they were all there.
+fn read_records(uid: u32, pid: u32, index: u32, out: &mut [u8]) -> bool {
+    let path = registry_path(uid, pid);
+    // SAFETY: a NUL-terminated path.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return false;
+    }
+    let at = index as libc::off_t * RECORD_BYTES as libc::off_t;
+    // SAFETY: `out` is valid for its length; `fd` is ours and closed below.
+    let n = unsafe { libc::pread(fd, out.as_mut_ptr().cast(), out.len(), at) };
+    // SAFETY: as above.
+    unsafe { libc::close(fd) };
+    n == out.len() as isize
 }
 
 /// The record a tagged handle names, from its exporter's registry.
 fn lookup(t: &Tagged) -> Option<Record> {
-    let path = registry_path(t.uid, t.pid);
-    // SAFETY: a NUL-terminated path.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
+    let mut bytes = [0u8; RECORD_BYTES];
+    if !read_records(t.uid, t.pid, t.index, &mut bytes) {
         return None;
     }
-    let mut bytes = [0u8; RECORD_BYTES];
-    let at = t.index as libc::off_t * RECORD_BYTES as libc::off_t;
-    // SAFETY: `bytes` is valid for RECORD_BYTES bytes; `fd` is ours and closed below.
-    let n = unsafe { libc::pread(fd, bytes.as_mut_ptr().cast(), RECORD_BYTES, at) };
-    // SAFETY: as above.
-    unsafe { libc::close(fd) };
     let r = Record::from_bytes(&bytes);
-    (n == RECORD_BYTES as isize && r.nonce == t.nonce && r.offset == t.offset && r.size == t.size)
-        .then_some(r)
+    (r.nonce == t.nonce && r.offset == t.offset && r.size == t.size).then_some(r)
 }
 
 /// Removes this process's registry (at exit; no CUDA call). Importers that have not opened
@@ -233,9 +266,14 @@ unsafe fn get_mem_handle(handle: *mut c_void, dptr: CuDevicePtr) -> CuResult {
         // SAFETY: forwarded unchanged.
         return unsafe { real(handle, dptr) };
     };
+    match rt.export_arena_block(block.ptr) {
+        // SAFETY: the caller's out-parameter, non-NULL.
+        Ok(Some((block, export))) => return unsafe { arena::export(handle, &block, &export) },
+        Ok(None) => {}
+        Err(e) => return arena::code_of(e),
+    }
     let mut segment = CuIpcMemHandle { reserved: [0; 64] };
-    // SAFETY: `segment` is a valid out-parameter. A VMM-backed block's "segment" is the
-    // arena, for which the driver refuses: its error is the answer.
+    // SAFETY: `segment` is a valid out-parameter.
     let rc = unsafe {
         real(
             (&mut segment as *mut CuIpcMemHandle).cast(),
@@ -269,6 +307,7 @@ unsafe fn get_mem_handle(handle: *mut c_void, dptr: CuDevicePtr) -> CuResult {
         nonce: record.nonce,
         offset: record.offset,
         size: record.size,
+        kind: Kind::Segment,
     }
     .write(&mut out);
     // SAFETY: the caller's out-parameter, non-NULL.
@@ -330,6 +369,10 @@ unsafe fn open_mem_handle<S: RealFn<Fn = IpcOpenFn>>(
         // SAFETY: forwarded unchanged.
         return unsafe { real(pdptr, handle, flags) };
     };
+    if t.kind == Kind::Arena {
+        // SAFETY: non-NULL out-parameter supplied by the caller.
+        return unsafe { arena::open(pdptr, &t) };
+    }
     let Some(record) = lookup(&t) else {
         // The exporter is gone (its registry with it), or the handle is not one it made.
         return CUDA_ERROR_INVALID_VALUE;
@@ -369,6 +412,9 @@ pub unsafe extern "C" fn cuIpcCloseMemHandle(dptr: CuDevicePtr) -> CuResult {
         let Some(real) = real::get::<sig::IpcCloseMemHandle>() else {
             return NO_DRIVER;
         };
+        if let Some(rc) = arena::close(dptr) {
+            return rc;
+        }
         let mut opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
         let Some(i) = opened.blocks.iter().position(|b| b.0 == dptr) else {
             drop(opened);
@@ -401,6 +447,7 @@ mod tests {
             nonce: 0xDEAD_BEEF_0123_4567,
             offset: 2 << 20,
             size: 4096,
+            kind: Kind::Segment,
         }
     }
 
@@ -439,6 +486,7 @@ mod tests {
             nonce: r.nonce,
             offset: r.offset,
             size: r.size,
+            kind: Kind::Segment,
         };
         assert_eq!(lookup(&t), Some(r));
         assert_eq!(

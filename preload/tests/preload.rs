@@ -321,7 +321,7 @@ fn queries_on_pool_blocks_answer_for_the_block() {
 }
 
 /// With `vmm:on`, blocks above 1 MiB come from the VMM arena: address range and pointer
-/// attributes are the block's (not the arena's), legacy IPC is refused, memory freed counts
+/// attributes are the block's (not the arena's), IPC exports it, memory freed counts
 /// as free, and a program's `cuCtxEnablePeerAccess` reaches blocks mapped before and after.
 #[test]
 fn vmm_blocks_answer_queries_and_follow_peer_access() {
@@ -334,12 +334,44 @@ fn vmm_blocks_answer_queries_and_follow_peer_access() {
         assert_eq!(pre.get("range_a.size"), (5 * 1024 * 1024 + 3).to_string());
         assert_eq!(pre.get("attr_a.start_is_a"), "1", "{reach:?}");
         assert_eq!(pre.get("attr_a.size"), (5 * 1024 * 1024 + 3).to_string());
-        assert_eq!(pre.get("ipc_a"), "1", "{reach:?}: CUDA_ERROR_INVALID_VALUE");
+        assert_eq!(pre.get("ipc_a"), "0", "{reach:?}: exported as descriptors");
         assert_eq!(pre.get("a.peer_before"), "0", "{reach:?}");
         assert_eq!(pre.get("enable_peer"), "0", "{reach:?}");
         assert_eq!(pre.get("a.peer_after"), "1", "{reach:?}: mapped before");
         assert_eq!(pre.get("b.peer"), "1", "{reach:?}: mapped after");
         assert_eq!(pre.get("info_free_recovered"), "1", "{reach:?}");
+    }
+}
+
+/// Note [ipc of arena blocks]: with `vmm:on`, a block of the arena exported by one process
+/// opens in another one under cupool (through `pidfd_getfd` and the chunks' descriptors):
+/// it sees the exporter's bytes and its writes reach the exporter; opening twice gives the
+/// same pointer, and the last close unmaps it. A process without cupool gets the driver's
+/// error for the tagged handle.
+#[test]
+fn vmm_blocks_open_in_another_process() {
+    for reach in ALL_REACHES {
+        let exe = support::driver_program(reach);
+        let env = [("CUPOOL_CONF", "vmm:on")];
+        let pre = run_ok(&exe, &["vmm-ipc"], true, &env);
+        assert_eq!(pre.get("ipc_a"), "0", "{reach:?}");
+        assert_eq!(pre.get("child.exit"), "0", "{reach:?}");
+        assert_eq!(pre.get("child.open"), "0", "{reach:?}");
+        assert_eq!(pre.get("child.sees_pattern"), "1", "{reach:?}");
+        assert_eq!(pre.get("child.open_again"), "0", "{reach:?}");
+        assert_eq!(pre.get("child.same_pointer"), "1", "{reach:?}");
+        assert_eq!(pre.get("child.close"), "0", "{reach:?}");
+        assert_eq!(pre.get("child.close_again"), "0", "{reach:?}");
+        assert_ne!(pre.get("child.imports"), "0", "{reach:?}");
+        assert_eq!(pre.get("child.mappings_left"), "0", "{reach:?}");
+        assert_eq!(pre.get("a.sees_child_write"), "1", "{reach:?}");
+        assert_eq!(pre.get("a.rest_unchanged"), "1", "{reach:?}");
+        assert_eq!(pre.get("plain.exit"), "0", "{reach:?}");
+        assert_eq!(
+            pre.get("plain.open"),
+            "1",
+            "{reach:?}: CUDA_ERROR_INVALID_VALUE"
+        );
     }
 }
 

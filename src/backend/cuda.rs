@@ -33,7 +33,9 @@ use super::{
     StreamHandle, StreamId,
 };
 use crate::log;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
+
+mod shareable;
 
 /// `CU_EVENT_DISABLE_TIMING`: fences and stream events are never timed, which makes them
 /// cheaper to record and query.
@@ -70,6 +72,9 @@ pub struct CudaBackend {
     contexts: ContextTable,
     /// Retained primary context of each device (`CUcontext` as an integer; 0 = not yet).
     primary: [AtomicU64; MAX_DEVICES],
+    /// Whether each device's physical memory is created exportable (Note [exportable
+    /// memory] in `shareable.rs`).
+    exportable: [AtomicU8; MAX_DEVICES],
     events: spin::Mutex<IdleEvents>,
     fence_fallback_logged: AtomicBool,
     /// Set when the caller reports every capture (see
@@ -96,12 +101,12 @@ fn vmm_check(rc: u32) -> BackendResult<()> {
     }
 }
 
-/// A pinned device allocation on `device`, with no shareable handle requested: cupool
-/// never exports its granules (legacy IPC is refused for arena blocks).
-fn pinned_on(device: i32) -> MemAllocationProp {
+/// A pinned device allocation on `device`, with the shareable handle types
+/// `handle_types` requested (0: none).
+fn pinned_on(device: i32, handle_types: c_int) -> MemAllocationProp {
     MemAllocationProp {
         kind: MEM_ALLOCATION_TYPE_PINNED,
-        requested_handle_types: 0,
+        requested_handle_types: handle_types,
         location: MemLocation {
             kind: MEM_LOCATION_TYPE_DEVICE,
             id: device,
@@ -144,6 +149,7 @@ impl CudaBackend {
             initialized: AtomicBool::new(false),
             contexts: ContextTable::new(),
             primary: core::array::from_fn(|_| AtomicU64::new(0)),
+            exportable: core::array::from_fn(|_| AtomicU8::new(shareable::UNKNOWN)),
             events: spin::Mutex::new(IdleEvents::default()),
             fence_fallback_logged: AtomicBool::new(false),
             captures_reported: AtomicBool::new(false),
@@ -464,7 +470,7 @@ impl Backend for CudaBackend {
             if supported == 0 {
                 return Err(BackendError::Unavailable);
             }
-            let prop = pinned_on(device);
+            let prop = pinned_on(device, 0);
             let mut g: usize = 0;
             // SAFETY: valid out-pointer and property struct.
             vmm_check(unsafe { granularity(&mut g, &prop, MEM_ALLOC_GRANULARITY_MINIMUM) })?;
@@ -498,10 +504,18 @@ impl Backend for CudaBackend {
         let bytes = usize::try_from(bytes).map_err(|_| BackendError::OutOfMemory)?;
         let device = self.device_of(ctx)?;
         self.with_context(ctx, || {
-            let prop = pinned_on(device);
+            let types = self.handle_types(device);
             let mut handle = 0u64;
             // SAFETY: valid out-pointer and property struct.
-            vmm_check(unsafe { create(&mut handle, bytes, &prop, 0) })?;
+            let mut rc = unsafe { create(&mut handle, bytes, &pinned_on(device, types), 0) };
+            if rc == code::NOT_SUPPORTED && types != 0 {
+                // Exportable memory refused although the device says it has it: go on
+                // without (Note [exportable memory]).
+                self.not_exportable(device);
+                // SAFETY: as above.
+                rc = unsafe { create(&mut handle, bytes, &pinned_on(device, 0), 0) };
+            }
+            vmm_check(rc)?;
             if handle == 0 {
                 // The pool takes 0 for "no memory"; never seen from a driver.
                 if let Some(release) = self.api.mem_release {
@@ -512,6 +526,14 @@ impl Backend for CudaBackend {
             }
             Ok(handle)
         })
+    }
+
+    fn export_physical(&self, ctx: ContextId, handle: u64) -> BackendResult<i32> {
+        self.export_fd(ctx, handle)
+    }
+
+    fn import_physical(&self, ctx: ContextId, fd: i32) -> BackendResult<u64> {
+        self.import_fd(ctx, fd)
     }
 
     fn release_physical(&self, ctx: ContextId, handle: u64) -> BackendResult<()> {

@@ -219,6 +219,13 @@ pub struct DriverApi {
     /// `cuMemSetAccess(ptr, size, desc, count)`.
     pub mem_set_access:
         Option<unsafe extern "C" fn(CUdeviceptr, usize, *const MemAccessDesc, usize) -> CuResult>,
+    /// `cuMemExportToShareableHandle(shareable, handle, handle_type, flags)` (IPC of
+    /// arena blocks: a file descriptor for `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`).
+    pub mem_export_to_shareable_handle:
+        Option<unsafe extern "C" fn(*mut c_void, u64, c_int, u64) -> CuResult>,
+    /// `cuMemImportFromShareableHandle(handle, os_handle, handle_type)`.
+    pub mem_import_from_shareable_handle:
+        Option<unsafe extern "C" fn(*mut u64, *mut c_void, c_int) -> CuResult>,
 }
 
 impl DriverApi {
@@ -347,6 +354,8 @@ fn load() -> BackendResult<DriverApi> {
         mem_map: None,
         mem_unmap: None,
         mem_set_access: None,
+        mem_export_to_shareable_handle: None,
+        mem_import_from_shareable_handle: None,
     };
     // The query version of each function is the first release whose variant we call.
     api.init = resolve!(api, c"cuInit", 2000);
@@ -383,6 +392,8 @@ fn load() -> BackendResult<DriverApi> {
     api.mem_map = resolve!(api, c"cuMemMap", 10020);
     api.mem_unmap = resolve!(api, c"cuMemUnmap", 10020);
     api.mem_set_access = resolve!(api, c"cuMemSetAccess", 10020);
+    api.mem_export_to_shareable_handle = resolve!(api, c"cuMemExportToShareableHandle", 10020);
+    api.mem_import_from_shareable_handle = resolve!(api, c"cuMemImportFromShareableHandle", 10020);
     Ok(api)
 }
 

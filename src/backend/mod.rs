@@ -172,6 +172,23 @@ pub trait Backend: Send + Sync + 'static {
         Err(BackendError::Unavailable)
     }
 
+    /// A file descriptor for the physical memory `handle` (from
+    /// [`Backend::create_physical`]) that another process can import
+    /// (`cuMemExportToShareableHandle`, `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`). The
+    /// caller owns the descriptor. [`BackendError::Unavailable`] when the device cannot
+    /// export (memory created before, or on a device without POSIX handles).
+    fn export_physical(&self, _ctx: ContextId, _handle: u64) -> BackendResult<i32> {
+        Err(BackendError::Unavailable)
+    }
+
+    /// Imports physical memory another process exported with [`Backend::export_physical`]
+    /// (`fd` is this process's descriptor; the caller still owns it)
+    /// (`cuMemImportFromShareableHandle`). The handle is mapped with
+    /// [`Backend::map_physical`] and released with [`Backend::release_physical`].
+    fn import_physical(&self, _ctx: ContextId, _fd: i32) -> BackendResult<u64> {
+        Err(BackendError::Unavailable)
+    }
+
     /// Records that `device` may (`enabled`) or may no longer reach memory of the context
     /// `owner` (a program enabled or disabled peer access from a context of `device` to
     /// `owner`): every later [`Backend::map_physical`] in `owner` also grants `device`

@@ -31,6 +31,12 @@
 //!   part needed plus the rest, which stays idle: the memory held does not change), else
 //!   new memory within the limit. So the footprint follows the live bytes, not the history
 //!   of sizes, and the number of driver calls follows the number of runs, not granules.
+//!
+//! Note [exported chunks]: a block exported through CUDA IPC is mapped by its importer from
+//! the chunks under it, which the importer reaches through their file descriptors (Note
+//! [exportable memory] in the CUDA backend). Those chunks keep one extra busy count for
+//! good: never stolen, re-cut or released, so that a descriptor handed out always names
+//! the memory it named, as exported segments are kept (Note [exported segments]).
 
 use std::collections::BTreeSet;
 use std::ops::RangeInclusive;
@@ -49,8 +55,22 @@ struct Chunk {
     len: u32,
     /// First granule it is mapped at; `NO_CHUNK` while idle or unused.
     at: u32,
-    /// Its granules that are pinned now (stealable when 0 and mapped).
+    /// Its granules that are pinned now, plus one for good once it is exported
+    /// (stealable when 0 and mapped).
     busy: u32,
+    /// Exported through CUDA IPC (Note [exported chunks]).
+    exported: bool,
+    /// Descriptor it was exported as, -1 before.
+    shared_fd: i32,
+}
+
+/// A chunk of an exported block ([`Arena::export`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct ExportedChunk {
+    pub id: u32,
+    pub handle: u64,
+    pub bytes: u64,
+    pub fd: i32,
 }
 
 /// A chunk taken out of the arena's bookkeeping to be mapped, unmapped or released.
@@ -449,6 +469,8 @@ impl Arena {
             len,
             at: NO_CHUNK,
             busy: 0,
+            exported: false,
+            shared_fd: -1,
         };
         match self.unused_ids.pop() {
             Some(id) => {
@@ -495,6 +517,58 @@ impl Arena {
         out
     }
 
+    /// Marks every chunk under `[ptr, ptr + size)` (all mapped: a live block) exported,
+    /// so that it stays where it is for good (Note [exported chunks]). Returns the address
+    /// of the first chunk, and each chunk's id, handle, bytes and the descriptor it was
+    /// exported as before (-1: not yet), in address order.
+    pub fn export(&mut self, ptr: u64, size: u64) -> Option<(u64, Vec<ExportedChunk>)> {
+        let mut out: Vec<ExportedChunk> = Vec::new();
+        let mut first = None;
+        let granules = self.granules(ptr, size);
+        let mut g = *granules.start();
+        while g <= *granules.end() {
+            let id = self.chunk_at[g];
+            if id == NO_CHUNK {
+                return None;
+            }
+            let c = &mut self.chunks[id as usize];
+            if !c.exported {
+                // A pinned chunk is in no set, and the extra count keeps it out of them. (A
+                // block freed while it is exported leaves its chunk stealable: taken out.)
+                if c.busy == 0 {
+                    self.stealable.remove(&(c.len, id));
+                }
+                c.exported = true;
+                c.busy += 1;
+            }
+            first.get_or_insert(c.at as usize);
+            out.push(ExportedChunk {
+                id,
+                handle: c.handle,
+                bytes: c.len as u64 * self.granule,
+                fd: c.shared_fd,
+            });
+            g = (c.at + c.len) as usize;
+        }
+        Some((self.address(first?), out))
+    }
+
+    /// Records the descriptor an exported chunk was exported as; false when it already
+    /// had one (the caller closes the new one and uses [`Arena::shared_fd`]).
+    pub fn set_shared_fd(&mut self, id: u32, fd: i32) -> bool {
+        let c = &mut self.chunks[id as usize];
+        debug_assert!(c.exported);
+        if c.shared_fd >= 0 {
+            return false;
+        }
+        c.shared_fd = fd;
+        true
+    }
+
+    pub fn shared_fd(&self, id: u32) -> i32 {
+        self.chunks[id as usize].shared_fd
+    }
+
     /// Checks pins against what the blocks imply (`expected`, one count per granule), and
     /// that the chunks, the stealable and idle sets and the counters agree.
     pub fn check(&self, expected: &[u32]) -> core::result::Result<(), String> {
@@ -534,7 +608,7 @@ impl Arena {
             if range.clone().any(|g| self.chunk_at[g] != id) {
                 return Err(format!("arena chunk {id}: granule table disagrees"));
             }
-            let busy = range.filter(|&g| self.pins[g] > 0).count() as u32;
+            let busy = range.filter(|&g| self.pins[g] > 0).count() as u32 + c.exported as u32;
             if busy != c.busy || self.stealable.contains(&(c.len, id)) != (busy == 0) {
                 return Err(format!(
                     "arena chunk {id}: busy count or stealable set wrong"

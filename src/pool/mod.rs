@@ -38,6 +38,7 @@ mod alloc;
 pub mod arena;
 pub mod block;
 pub mod counters;
+pub mod export;
 mod fences;
 pub mod fifo;
 pub mod free_index;

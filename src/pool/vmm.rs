@@ -205,6 +205,20 @@ impl DevicePool {
             let d = BLOCKS.get(idx).data();
             (d.ptr, d.size)
         };
+        // Note [creation within free memory]: without a limit, new memory is bounded by
+        // what the device has free (the driver's count, which leaves out the pool's idle
+        // chunks: those are planned first). A request that cannot fit fails at once, as
+        // `cuMemAlloc` would, instead of creating every free granule first and releasing
+        // them again (a 1 TiB request took all 80 GB of an H100 in 10 068 calls, and the
+        // driver's own stream-ordered pool then failed until the process ended).
+        let free = match may_create {
+            true => self
+                .backend
+                .memory_info(self.ctx.id)
+                .ok()
+                .map(|(free, _)| free),
+            false => None,
+        };
         // Plan under the pool lock; other threads map only with `events` held, so the
         // plan stays valid while the calls run.
         let (base, g, steps, create_bytes) = {
@@ -222,6 +236,9 @@ impl DevicePool {
                 (true, 0) => u64::MAX,
                 (true, l) => l.saturating_sub(reserved) / g,
             };
+            if let Some(free) = free {
+                create = create.min(free / g);
+            }
             let allowed = create;
             // Note [chunks]: the `vmm_chunk` option, in granules.
             let max_chunk = (config::get(Key::VmmChunk) / g).clamp(1, u32::MAX as u64) as u32;

@@ -43,6 +43,8 @@ struct fake_cuda_counters {
     uint64_t vmm_unmaps;       /* successful cuMemUnmap */
     uint64_t vmm_set_access;   /* successful cuMemSetAccess */
     uint64_t vmm_errors;       /* VMM calls that failed (checks or injected) */
+    uint64_t vmm_exports;      /* successful cuMemExportToShareableHandle */
+    uint64_t vmm_imports;      /* successful cuMemImportFromShareableHandle */
 };
 
 /* Copies the counters to *out (out may not be NULL). */

@@ -51,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fake_cuda.h"
@@ -1064,6 +1065,7 @@ static CUresult fk_cuIpcCloseMemHandle(CUdeviceptr dptr)
 
 #define FAKE_VMM_GRANULE ((size_t)2 << 20)
 #define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+#define CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
 #define CU_MEM_ALLOCATION_TYPE_PINNED 1
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
 #define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
@@ -1097,6 +1099,9 @@ struct fake_handle {
     size_t size;
     int device;
     int mapped;
+    int exportable; /* created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested */
+    int imported;   /* from cuMemImportFromShareableHandle: not counted in live bytes */
+    int fd;         /* memfd holding its bytes once exported or imported, -1 before */
 };
 
 struct fake_mapping {
@@ -1263,7 +1268,8 @@ static CUresult fk_cuDeviceGetAttribute(int *value, int attribute, CUdevice dev)
         rc = CUDA_ERROR_INVALID_VALUE;
     else if (dev < 0 || dev >= g_device_count)
         rc = CUDA_ERROR_INVALID_DEVICE;
-    else if (attribute == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
+    else if (attribute == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ||
+             attribute == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
         *value = g_vmm_supported;
     else
         rc = CUDA_ERROR_INVALID_VALUE; /* the fake knows no other attribute */
@@ -1377,6 +1383,10 @@ static CUresult fk_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
                 h->size = size;
                 h->device = dev;
                 h->mapped = 0;
+                h->exportable =
+                    prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+                h->imported = 0;
+                h->fd = -1;
                 g_live_bytes[dev] += size;
                 g_counters.vmm_creates++;
                 *handle = h->id;
@@ -1399,9 +1409,13 @@ static CUresult fk_cuMemRelease(CUmemGenericAllocationHandle handle)
         if (!h || h->mapped) {
             rc = CUDA_ERROR_INVALID_VALUE;
         } else {
-            g_live_bytes[h->device] -= h->size;
+            if (h->fd >= 0)
+                close(h->fd);
+            if (!h->imported) {
+                g_live_bytes[h->device] -= h->size;
+                g_counters.vmm_releases++;
+            }
             g_handles[i] = g_handles[--g_handle_count];
-            g_counters.vmm_releases++;
         }
     }
     trace("cuMemRelease(%#llx) -> %d", handle, rc);
@@ -1423,6 +1437,8 @@ static CUresult fk_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
             !grow((void **)&g_maps, &g_map_cap, g_map_count, sizeof *g_maps)) {
             rc = CUDA_ERROR_INVALID_VALUE;
         } else {
+            if (h->fd >= 0) /* its bytes live in its memfd: they follow it */
+                mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, 0);
             struct fake_mapping *m = &g_maps[g_map_count++];
             memset(m, 0, sizeof *m);
             m->va = (uintptr_t)ptr;
@@ -1481,6 +1497,114 @@ static CUresult fk_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
     return rc;
 }
 
+/* Exporting gives the handle a memfd holding its bytes (copied from where it is mapped,
+ * which is then remapped from the memfd), and the caller a duplicate of it, named after the
+ * device; importing such a descriptor, in this process or another one, makes a handle of
+ * the same memfd. So an importer sees the exporter's bytes, as with the real driver. */
+static struct fake_mapping *mapping_of(CUmemGenericAllocationHandle handle)
+{
+    for (size_t i = 0; i < g_map_count; i++)
+        if (g_maps[i].handle == handle)
+            return &g_maps[i];
+    return NULL;
+}
+
+static int mapping_prot(const struct fake_mapping *m)
+{
+    int prot = PROT_NONE;
+    for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
+        if (m->access[d] == 3)
+            prot = PROT_READ | PROT_WRITE;
+        else if (m->access[d] == 1 && prot == PROT_NONE)
+            prot = PROT_READ;
+    }
+    return prot;
+}
+
+static int give_memfd(struct fake_handle *h)
+{
+    char name[32];
+    snprintf(name, sizeof name, "fake-cuda-dev%d", h->device);
+    int fd = memfd_create(name, MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)h->size) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    struct fake_mapping *m = mapping_of(h->id);
+    if (m) {
+        mprotect((void *)m->va, m->size, PROT_READ);
+        if (pwrite(fd, (void *)m->va, m->size, 0) != (ssize_t)m->size) {
+            close(fd);
+            mprotect((void *)m->va, m->size, mapping_prot(m));
+            return 0;
+        }
+        mmap((void *)m->va, m->size, mapping_prot(m), MAP_SHARED | MAP_FIXED, fd, 0);
+    }
+    h->fd = fd;
+    return 1;
+}
+
+static CUresult fk_cuMemExportToShareableHandle(void *shareable,
+                                                CUmemGenericAllocationHandle handle,
+                                                int type, unsigned long long flags)
+{
+    lock();
+    REQUIRE_INIT();
+    CUresult rc = CUDA_SUCCESS;
+    struct fake_handle *h = find_handle(handle, NULL);
+    if (!shareable || !h || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || flags != 0 ||
+        !h->exportable)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else if (h->fd < 0 && !give_memfd(h))
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else {
+        int fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else {
+            *(int *)shareable = fd;
+            g_counters.vmm_exports++;
+        }
+    }
+    trace("cuMemExportToShareableHandle(%#llx) -> %d", handle, rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                  void *os_handle, int type)
+{
+    lock();
+    REQUIRE_INIT();
+    CUresult rc = CUDA_SUCCESS;
+    int fd = (int)(intptr_t)os_handle, device = -1;
+    char link[64], target[128] = {0};
+    struct stat st;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    if (!handle || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fstat(fd, &st) != 0 ||
+        readlink(link, target, sizeof target - 1) < 0 ||
+        sscanf(target, "/memfd:fake-cuda-dev%d", &device) != 1 || device < 0 ||
+        device >= g_device_count || st.st_size <= 0 || st.st_size % FAKE_VMM_GRANULE ||
+        !grow((void **)&g_handles, &g_handle_cap, g_handle_count, sizeof *g_handles))
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else {
+        struct fake_handle *h = &g_handles[g_handle_count++];
+        h->id = g_next_handle++;
+        h->size = (size_t)st.st_size;
+        h->device = device;
+        h->mapped = 0;
+        h->exportable = 1;
+        h->imported = 1;
+        h->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        g_counters.vmm_imports++;
+        *handle = h->id;
+    }
+    trace("cuMemImportFromShareableHandle(%d) -> %d", fd, rc);
+    unlock();
+    return rc;
+}
+
 static CUresult fk_cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     lock();
@@ -1504,8 +1628,9 @@ static CUresult fk_cuMemUnmap(CUdeviceptr ptr, size_t size)
                 i++;
                 continue;
             }
-            madvise((void *)m->va, m->size, MADV_DONTNEED);
-            mprotect((void *)m->va, m->size, PROT_NONE);
+            /* A fresh inaccessible anonymous mapping: the bytes stay with a memfd. */
+            mmap((void *)m->va, m->size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
             struct fake_handle *h = find_handle(m->handle, NULL);
             if (h)
                 h->mapped = 0;
@@ -2003,6 +2128,8 @@ static const struct proc_entry g_procs[] = {
     PROC("cuMemMap", 10020, fk_cuMemMap),
     PROC("cuMemUnmap", 10020, fk_cuMemUnmap),
     PROC("cuMemSetAccess", 10020, fk_cuMemSetAccess),
+    PROC("cuMemExportToShareableHandle", 10020, fk_cuMemExportToShareableHandle),
+    PROC("cuMemImportFromShareableHandle", 10020, fk_cuMemImportFromShareableHandle),
     PROC("cuEventCreate", 2000, fk_cuEventCreate),
     PROC("cuEventRecord", 2000, fk_cuEventRecord),
     PROC("cuEventQuery", 2000, fk_cuEventQuery),
@@ -2225,3 +2352,5 @@ EXPORT_ALIAS(cuMemRelease);
 EXPORT_ALIAS(cuMemMap);
 EXPORT_ALIAS(cuMemUnmap);
 EXPORT_ALIAS(cuMemSetAccess);
+EXPORT_ALIAS(cuMemExportToShareableHandle);
+EXPORT_ALIAS(cuMemImportFromShareableHandle);

@@ -91,6 +91,8 @@ pub struct FakeCudaCounters {
     pub vmm_unmaps: u64,
     pub vmm_set_access: u64,
     pub vmm_errors: u64,
+    pub vmm_exports: u64,
+    pub vmm_imports: u64,
 }
 
 /// The fake's VMM functions, for [`FakeCuda::fail_vmm`] (`enum fake_cuda_vmm_fn`).

@@ -509,6 +509,78 @@ static void scenario_vmm(void)
     CHECK(drv.cuMemFree_v2(a));
 }
 
+/* Note [ipc of arena blocks]: with CUPOOL_CONF=vmm:on, an arena block exported here opens
+ * in another process (this program again, through exec) under cupool, which sees and
+ * changes its bytes; a process without cupool gets the driver's error. */
+static void run_open_child(const char *hex, int with_cupool)
+{
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        if (!with_cupool)
+            unsetenv("LD_PRELOAD");
+        execl("/proc/self/exe", "driver_program", "vmm-ipc-open", hex,
+              with_cupool ? "child" : "plain", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    printf("%s.exit=%d\n", with_cupool ? "child" : "plain",
+           WIFEXITED(status) ? WEXITSTATUS(status) : 128);
+}
+
+static void scenario_vmm_ipc(void)
+{
+    CUdeviceptr a = 0;
+    size_t n = 5 * MIB + 3;
+    CHECK(drv.cuMemAlloc_v2(&a, n));
+    memset((void *)(uintptr_t)a, 0x5a, n);
+    unsigned char handle[64];
+    printf("ipc_a=%d\n", drv.cuIpcGetMemHandle(handle, a));
+    char hex[129];
+    for (int i = 0; i < 64; i++)
+        sprintf(hex + 2 * i, "%02x", handle[i]);
+    run_open_child(hex, 1);
+    const unsigned char *p = (const unsigned char *)(uintptr_t)a;
+    int changed = 1;
+    for (size_t i = 0; i < 4096; i++)
+        changed &= p[i] == 0xb7;
+    printf("a.sees_child_write=%d\na.rest_unchanged=%d\n", changed,
+           p[4096] == 0x5a && p[n - 1] == 0x5a);
+    run_open_child(hex, 0);
+    CHECK(drv.cuMemFree_v2(a));
+}
+
+static void scenario_vmm_ipc_open(const char *hex, const char *who)
+{
+    CUipcMemHandle handle;
+    for (int i = 0; i < 64; i++) {
+        unsigned v = 0;
+        sscanf(hex + 2 * i, "%2x", &v);
+        handle.reserved[i] = (char)v;
+    }
+    CUdeviceptr q = 0, q2 = 0;
+    CUresult rc = drv.cuIpcOpenMemHandle_v2(&q, handle, 1);
+    printf("%s.open=%d\n", who, rc);
+    if (rc != 0)
+        return;
+    size_t n = 5 * MIB + 3;
+    const unsigned char *p = (const unsigned char *)(uintptr_t)q;
+    int same = 1;
+    for (size_t i = 0; i < n; i++)
+        same &= p[i] == 0x5a;
+    printf("%s.sees_pattern=%d\n", who, same);
+    memset((void *)(uintptr_t)q, 0xb7, 4096);
+    printf("%s.open_again=%d\n", who, drv.cuIpcOpenMemHandle_v2(&q2, handle, 1));
+    printf("%s.same_pointer=%d\n", who, q2 == q);
+    printf("%s.close=%d\n", who, drv.cuIpcCloseMemHandle(q));
+    printf("%s.close_again=%d\n", who, drv.cuIpcCloseMemHandle(q2));
+    struct fake_cuda_counters c;
+    fake_counters(&c);
+    printf("%s.imports=%llu\n%s.mappings_left=%llu\n", who, (unsigned long long)c.vmm_imports,
+           who, (unsigned long long)c.vmm_mappings);
+}
+
 /* The child of an initialised parent never touches the parent's pool. */
 static void scenario_fork(void)
 {
@@ -655,6 +727,10 @@ int main(int argc, char **argv)
         scenario_fork();
     else if (!strcmp(s, "vmm"))
         scenario_vmm();
+    else if (!strcmp(s, "vmm-ipc"))
+        scenario_vmm_ipc();
+    else if (!strcmp(s, "vmm-ipc-open") && argc > 3)
+        scenario_vmm_ipc_open(argv[2], argv[3]);
     else if (!strcmp(s, "exit-nofree"))
         scenario_exit(0);
     else if (!strcmp(s, "exit-free-late"))

@@ -404,6 +404,31 @@ const char *cupool_version(void);
 int cupool_interposition_active(void);
 
 /**
+ * Reports that the calling thread is about to begin a stream capture
+ * (`cudaStreamBeginCapture`) in its current context. Until the matching
+ * `cupool_capture_end`, the pool records no context fence, waits for nothing and gives
+ * nothing back to the driver in that context: a context fence made while any stream of
+ * the context captures invalidates the capture, even one in thread-local mode on another
+ * thread (and on driver 580 it can crash the driver). Returns once no such call of another
+ * thread is in flight. Allocations and frees go on meanwhile; frees are fenced after the
+ * capture ends.
+ *
+ * Needed only by programs that capture while other threads use the pool and that do not
+ * run under `libcupool_preload.so` (whose hooks report every capture). Without it, the
+ * library alone detects captures of streams that synchronise with the legacy default
+ * stream only, and only at the moment it checks. Calls nest; each needs its
+ * `cupool_capture_end`.
+ */
+cupool_status cupool_capture_begin(void);
+
+/**
+ * Reports that the capture announced by `cupool_capture_begin` is over
+ * (`cudaStreamEndCapture` returned, successfully or with the capture invalidated). Call
+ * it from a thread whose current context is the capture's.
+ */
+cupool_status cupool_capture_end(void);
+
+/**
  * Allocates `size` bytes in stream order on `stream` for device `device` (an ordinal, not
  * -1), as `cupool_alloc_async` does for the current device. When the calling thread's
  * current context is on `device` (the usual case: the CUDA runtime made it current) the

@@ -11,6 +11,7 @@
 //! The doc comments on the exports become the comments of the generated header, so they
 //! state ownership and NULL rules for the C reader.
 
+pub mod capture;
 pub mod device;
 pub mod process_api;
 pub mod torch;

@@ -38,6 +38,7 @@ pub mod trace;
 pub mod pool {
     pub mod address_map;
     pub mod block;
+    pub mod capture;
     pub mod counters;
 }
 

@@ -530,6 +530,22 @@ impl Runtime {
         }
     }
 
+    /// [`Runtime::capture_begin`] for the calling thread's current context (the C API's
+    /// `cupool_capture_begin`): its pool is made now if it had none, so that the capture
+    /// is not missed.
+    pub fn capture_begin_current(&self) -> Result<()> {
+        let ctx = self.backend.current_context().map_err(CupoolStatus::from)?;
+        self.context_pool(ctx)?.capture_begin();
+        Ok(())
+    }
+
+    /// [`Runtime::capture_end`] for the calling thread's current context.
+    pub fn capture_end_current(&self) -> Result<()> {
+        let ctx = self.backend.current_context().map_err(CupoolStatus::from)?;
+        self.capture_end(ctx.id);
+        Ok(())
+    }
+
     /// The calling thread's current context was given peer access to `peer`'s memory
     /// (`cuCtxEnablePeerAccess(peer)` succeeded): blocks of `peer`'s pool that are backed by
     /// VMM granules become reachable from the caller's device, those mapped already and

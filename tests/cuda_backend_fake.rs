@@ -300,6 +300,11 @@ impl Program {
         assert_eq!(unsafe { (self.begin_capture)(s, 0) }, 0);
     }
 
+    fn begin_thread_local_capture(&self, s: usize) {
+        // SAFETY: a live stream; mode 1 = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL.
+        assert_eq!(unsafe { (self.begin_capture)(s, 1) }, 0);
+    }
+
     /// The CUresult of cuStreamEndCapture.
     fn end_capture(&self, s: usize) -> c_int {
         let mut graph = core::ptr::null_mut();
@@ -603,6 +608,65 @@ fn backend_refuses_fences_during_capture() {
         assert_eq!(backend.event_completed(ctx, fence), Ok(true));
         assert_eq!(fake.counters().ctx_record_event, 1);
     });
+}
+
+/// Note [capture exclusion]: a program that reports its capture (`cupool_capture_begin`)
+/// keeps even a capture on a non-blocking stream, which the backend cannot see: the pool
+/// makes no fence until `cupool_capture_end`, and the capture ends intact.
+#[test]
+fn reported_captures_get_no_fence() {
+    in_child_with_fake(
+        "reported_captures_get_no_fence",
+        &[("CUPOOL_CONF", "backend:cuda")],
+        || {
+            use cupool::ffi::capture::{cupool_capture_begin, cupool_capture_end};
+            use cupool::CupoolStatus;
+            let fake = FakeCuda::loaded().expect("the fake libcuda is on the path");
+            let program = Program::new(&fake);
+            let rt = cupool::runtime::runtime().expect("the runtime starts on the fake");
+            let p = rt.alloc(4096).unwrap();
+            let non_blocking = program.create_stream(1);
+            assert_eq!(cupool_capture_begin(), CupoolStatus::CupoolOk);
+            program.begin_thread_local_capture(non_blocking);
+            rt.free(p).unwrap();
+            assert_eq!(
+                rt.empty_cache(None),
+                Err(CupoolStatus::CupoolErrorStreamCapture),
+                "nothing is fenced or released during the capture"
+            );
+            // Note [growth during another thread's capture]: a miss of another thread grows
+            // the pool (a 3 MiB block: a new segment); the capturing thread's is refused.
+            let other = std::thread::spawn(move || {
+                let rt = cupool::runtime::runtime().unwrap();
+                let q = rt.alloc(3 << 20);
+                (q, q.map(|q| rt.free(q)))
+            })
+            .join()
+            .unwrap();
+            assert!(matches!(other, (Ok(_), Ok(Ok(())))), "{other:?}");
+            assert_eq!(
+                rt.alloc(64 << 20),
+                Err(CupoolStatus::CupoolErrorStreamCapture),
+                "the capturing thread's own miss (a new segment)"
+            );
+            let c = fake.counters();
+            assert_eq!(
+                (c.ctx_record_event, c.ctx_record_event_errors),
+                (0, 0),
+                "{c:?}"
+            );
+            assert_eq!(
+                program.end_capture(non_blocking),
+                0,
+                "the capture is intact"
+            );
+            assert_eq!(cupool_capture_end(), CupoolStatus::CupoolOk);
+            // Over: the free is fenced and the memory released.
+            assert!(rt.empty_cache(None).is_ok());
+            assert!(fake.counters().ctx_record_event >= 1);
+            assert_eq!(rt.stats(None).unwrap().reserved_bytes.current, 0);
+        },
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 use cupool::pool::address_map::AddressMap;
 use cupool::pool::block::{BlockTable, TakeBack};
+use cupool::pool::capture::CaptureExclusion;
 use cupool::pool::counters::{Level, ThreadCounters};
 use loom::sync::Arc;
 use loom::thread;
@@ -95,5 +96,40 @@ fn single_writer_counters_sum_exactly() {
             2,
             "the shared record's RMWs do not lose updates"
         );
+    });
+}
+
+/// Note [capture exclusion]: a guarded driver call and a capture never overlap. The caller
+/// marks its calls in flight in `calls`; the capturing thread checks, once `begin`
+/// returned, that none is; every interleaving either makes the caller back off or makes
+/// the capture wait.
+#[test]
+fn a_capture_never_overlaps_guarded_calls() {
+    loom::model(|| {
+        use loom::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        let ex = Arc::new(CaptureExclusion::new());
+        let calls = Arc::new(AtomicU32::new(0));
+        let (ex2, calls2) = (ex.clone(), calls.clone());
+        let caller = thread::spawn(move || {
+            if let Some(_guard) = ex2.enter() {
+                calls2.fetch_add(1, SeqCst);
+                assert!(!ex2.capturing() || calls2.load(SeqCst) > 0);
+                calls2.fetch_sub(1, SeqCst);
+                true
+            } else {
+                false
+            }
+        });
+        ex.begin();
+        assert_eq!(
+            calls.load(SeqCst),
+            0,
+            "a guarded call runs during the capture"
+        );
+        ex.end();
+        let _ = caller.join().unwrap();
+        assert!(!ex.capturing());
+        // With no capture open, a guard is granted.
+        assert!(ex.enter().is_some());
     });
 }

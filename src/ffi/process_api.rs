@@ -54,6 +54,8 @@ pub struct ProcessApiV1 {
         unsafe extern "C" fn(*const c_void, *mut *mut c_void, *mut usize) -> CupoolStatus,
     pub segments_json: unsafe extern "C" fn(c_int, *mut c_char, usize, *mut usize) -> CupoolStatus,
     pub reserve: unsafe extern "C" fn(c_int, usize, *mut usize) -> CupoolStatus,
+    pub capture_begin: unsafe extern "C" fn() -> CupoolStatus,
+    pub capture_end: unsafe extern "C" fn() -> CupoolStatus,
 }
 
 static OWN_API: ProcessApiV1 = ProcessApiV1 {
@@ -80,6 +82,8 @@ static OWN_API: ProcessApiV1 = ProcessApiV1 {
     segment_of: super::device::cupool_segment_of,
     segments_json: super::device::cupool_segments_json,
     reserve: super::device::cupool_reserve,
+    capture_begin: super::capture::cupool_capture_begin,
+    capture_end: super::capture::cupool_capture_end,
 };
 
 /// This copy's table, for the other copies of cupool in the process. Not in the header.

@@ -87,7 +87,11 @@ impl DevicePool {
             sh.clock += 1;
             epoch
         };
-        let recorded = self.backend.record_context_fence(self.ctx.id);
+        // Note [capture exclusion]: no capture may begin between the check and the fence.
+        let recorded = match self.enter_ordering_calls() {
+            Some(_calls) => self.backend.record_context_fence(self.ctx.id),
+            None => Err(crate::backend::BackendError::Capturing),
+        };
         let mut sh = self.shared.lock();
         match recorded {
             Ok(ev) => {

@@ -132,6 +132,8 @@ impl DevicePool {
         if !self.may_order() {
             return None;
         }
+        // Note [capture exclusion].
+        let _calls = self.enter_ordering_calls()?;
         match self.backend.record_context_fence(self.ctx.id) {
             Ok(ev) => {
                 self.thread_fences

@@ -37,6 +37,7 @@ pub mod address_map;
 mod alloc;
 pub mod arena;
 pub mod block;
+pub mod capture;
 pub mod counters;
 pub mod export;
 mod fences;
@@ -293,7 +294,9 @@ pub struct DevicePool {
     thread_fences: AtomicU64,
     /// The device's total memory, once asked (Note [release bound]).
     device_total: AtomicU64,
-    capture_depth: AtomicU32,
+    /// Captures open in this pool's context, and the driver calls they exclude (Note
+    /// [capture exclusion] in `capture.rs`).
+    captures: capture::CaptureExclusion,
     /// Misses in a row served by a fence pass that made exactly one large block reusable
     /// (Note [lone fences]). A heuristic's count: outside the pool lock, and a lost update
     /// between racing threads only moves the second copy a little.
@@ -351,7 +354,7 @@ impl DevicePool {
             limit: AtomicU64::new(LIMIT_FROM_CONFIG),
             thread_fences: AtomicU64::new(0),
             device_total: AtomicU64::new(0),
-            capture_depth: AtomicU32::new(0),
+            captures: capture::CaptureExclusion::new(),
             lone_fence_streak: AtomicU32::new(0),
             peak_epoch: AtomicU64::new(0),
             peaks: core::array::from_fn(|_| AtomicU64::new(0)),
@@ -370,20 +373,6 @@ impl DevicePool {
             LIMIT_FROM_CONFIG => config::get(Key::MemoryLimit),
             l => l,
         }
-    }
-
-    pub fn capture_begin(&self) {
-        self.capture_depth.fetch_add(1, Ordering::AcqRel);
-    }
-
-    pub fn capture_end(&self) {
-        let _ = self
-            .capture_depth
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1));
-    }
-
-    pub fn capturing(&self) -> bool {
-        self.capture_depth.load(Ordering::Acquire) != 0
     }
 
     #[inline]

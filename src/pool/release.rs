@@ -33,6 +33,10 @@ impl DevicePool {
         if !self.may_order() {
             return 0;
         }
+        // Note [capture exclusion]: held until the releases are done.
+        let Some(_calls) = self.enter_ordering_calls() else {
+            return 0;
+        };
         let floor = self.reserve_floor();
         let victims: Vec<(u64, u64, SegmentKind)> = {
             let mut sh = self.shared.lock();

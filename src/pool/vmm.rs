@@ -193,9 +193,10 @@ impl DevicePool {
         idx: BlockIdx,
         may_create: bool,
     ) -> Result<()> {
-        if self.capturing() {
+        // Note [capture exclusion]: held until the maps are done.
+        let Some(_calls) = self.enter_ordering_calls() else {
             return Err(CupoolStatus::CupoolErrorStreamCapture);
-        }
+        };
         if BACKEND_OFF.load(Ordering::Relaxed) {
             return Err(CupoolStatus::CupoolErrorBackendUnavailable);
         }

@@ -1,5 +1,5 @@
 // Compiles the suite's use of the C API against include/cupool.h: every function and
-// stats field the suite touches, and the stats struct's C layout (version 2).
+// stats field the suite touches, and the stats struct's C layout (version 3).
 // With -DHEADER_CHECK_MAIN it is also a program, linked against libcupool.a by the suite
 // to show that the static library links and answers.
 #include <stddef.h>
@@ -7,14 +7,15 @@
 
 #include "cupool_api.h"
 
-static_assert(sizeof(cupool_stats) == 8 + 5 * 16 + 14 * 8, "cupool_stats v2 is 200 bytes");
+static_assert(sizeof(cupool_stats) == 8 + 5 * 16 + 16 * 8, "cupool_stats v3 is 216 bytes");
 static_assert(offsetof(cupool_stats, allocated_bytes) == 8, "allocated_bytes after the header");
 static_assert(offsetof(cupool_stats, num_allocs) == 72, "counts after the four levels");
 static_assert(offsetof(cupool_stats, cross_stream_frees) == 144, "cross_stream_frees last of v1");
 static_assert(offsetof(cupool_stats, inactive_split_bytes) == 152, "v2 fields after v1's");
 static_assert(offsetof(cupool_stats, mapped_bytes) == 168, "mapped_bytes after the gauges");
-static_assert(offsetof(cupool_stats, granules) == 192, "granules last");
-static_assert(CUPOOL_STATS_VERSION == 2u, "stats struct version 2");
+static_assert(offsetof(cupool_stats, granules) == 192, "granules last of v2");
+static_assert(offsetof(cupool_stats, grow_wait_us) == 208, "grow_wait_us last");
+static_assert(CUPOOL_STATS_VERSION == 3u, "stats struct version 3");
 // The suite asks for version 1 (the fields it reads); the library answers every version
 // up to its own.
 static_assert(CUP_STATS_VERSION <= CUPOOL_STATS_VERSION, "a version the library knows");

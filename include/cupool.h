@@ -12,7 +12,7 @@ struct CUstream_st;
 /**
  * Version of [`CupoolStats`] this library writes. Bumped when fields are added at the end.
  */
-#define CUPOOL_STATS_VERSION 2
+#define CUPOOL_STATS_VERSION 3
 
 /**
  * Result of every `cupool_*` call. `CUPOOL_OK` is 0; every other value names one
@@ -193,6 +193,15 @@ typedef struct {
    * Granules of the VMM arena mapped now.
    */
   uint64_t granules;
+  /**
+   * Misses that waited for the device to finish work on freed blocks instead of taking
+   * more memory from the driver (`grow_wait_us`, Note [wait before growing]).
+   */
+  uint64_t grow_waits;
+  /**
+   * Microseconds the program spent in those waits, in all.
+   */
+  uint64_t grow_wait_us;
 } cupool_stats;
 
 #ifdef __cplusplus

@@ -17,7 +17,7 @@
 //! allocates, and a lower bound within one thread's swing under concurrency.
 
 /// Version of [`CupoolStats`] this library writes. Bumped when fields are added at the end.
-pub const CUPOOL_STATS_VERSION: u32 = 2;
+pub const CUPOOL_STATS_VERSION: u32 = 3;
 
 /// A level: the value now and the highest it has been since the last peak reset.
 #[repr(C)]
@@ -86,6 +86,12 @@ pub struct CupoolStats {
     pub segments: u64,
     /// Granules of the VMM arena mapped now.
     pub granules: u64,
+    // ---- version 3
+    /// Misses that waited for the device to finish work on freed blocks instead of taking
+    /// more memory from the driver (`grow_wait_us`, Note [wait before growing]).
+    pub grow_waits: u64,
+    /// Microseconds the program spent in those waits, in all.
+    pub grow_wait_us: u64,
 }
 
 /// Calls `$m!(name, Kind)` for every field after the header, in struct order.
@@ -113,6 +119,8 @@ macro_rules! for_each_stat_field {
         $m!(mapped_bytes, level);
         $m!(segments, gauge);
         $m!(granules, gauge);
+        $m!(grow_waits, count);
+        $m!(grow_wait_us, count);
     };
 }
 

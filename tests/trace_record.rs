@@ -252,6 +252,40 @@ fn zstd_trace_is_one_frame_per_flush() {
 }
 
 #[test]
+fn the_vmm_arenas_maps_and_unmaps_are_in_the_driver_file() {
+    let _g = serial();
+    let dir = temp_dir("vmm");
+    let path = dir.join("v.csv");
+    let (rt, _host, ctx) = setup_on(1);
+    cupool::config::set("vmm", "on").unwrap();
+    start(&path);
+    let p = rt.alloc(24 << 20).unwrap();
+    rt.free(p).unwrap();
+    rt.empty_cache(Some(ctx.device)).unwrap();
+    record::stop();
+    cupool::config::set("vmm", "off").unwrap();
+    let driver = driver_rows(Path::new(&record::driver_path(path.to_str().unwrap())));
+    let bytes_of = |word: &str| -> u64 {
+        driver
+            .iter()
+            .filter(|r| r.0 == word && r.3 == 1)
+            .map(|r| r.2)
+            .sum()
+    };
+    // The block's granules were mapped (in chunks of `vmm_chunk`) and unmapped again by
+    // `empty_cache`; the range they were mapped at covers the block.
+    assert!(bytes_of("map") >= 24 << 20, "{driver:?}");
+    assert_eq!(bytes_of("unmap"), bytes_of("map"), "{driver:?}");
+    let maps: Vec<_> = driver.iter().filter(|r| r.0 == "map").collect();
+    let lo = maps.iter().map(|r| r.1).min().unwrap();
+    let hi = maps.iter().map(|r| r.1 + r.2).max().unwrap();
+    assert!(
+        lo <= p && p + (24 << 20) <= hi,
+        "{p:#x} in {lo:#x}..{hi:#x}"
+    );
+}
+
+#[test]
 fn a_thread_writes_its_events_when_it_exits() {
     let _g = serial();
     let dir = temp_dir("thread");

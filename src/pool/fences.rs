@@ -281,7 +281,13 @@ impl DevicePool {
             return None;
         }
         let bound = core::time::Duration::from_micros(bound);
+        let started = std::time::Instant::now();
         let moved = self.advance(Advance::WaitUpTo(bound));
+        {
+            let mut sh = self.shared.lock();
+            sh.slow.grow_waits += 1;
+            sh.slow.grow_wait_ns += started.elapsed().as_nanos() as u64;
+        }
         if moved == 0 {
             return None;
         }

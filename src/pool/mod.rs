@@ -161,6 +161,8 @@ struct SlowCounts {
     ooms: u64,
     fences: u64,
     cross_stream: u64,
+    grow_waits: u64,
+    grow_wait_ns: u64,
 }
 
 struct StreamState {

@@ -60,6 +60,8 @@ impl DevicePool {
         s.mapped_bytes = frag.mapped;
         s.segments = frag.segments;
         s.granules = frag.granules;
+        s.grow_waits = slow.grow_waits;
+        s.grow_wait_us = slow.grow_wait_ns / 1000;
         s
     }
 

@@ -13,6 +13,8 @@ use super::{address_map, DevicePool, Request, ADDRESSES, BACKEND_OFF, BLOCKS};
 use crate::backend::BackendError;
 use crate::config::{self, Key};
 use crate::status::{CupoolStatus, Result};
+use crate::trace::record::segment as trace_driver;
+use crate::trace::DriverAction;
 use core::sync::atomic::Ordering;
 
 /// A chunk in an [`Outcome`]: one the arena's books know, or memory just created (which
@@ -330,6 +332,7 @@ impl DevicePool {
                 }) {
                     Ok(()) => {
                         out.map_calls += 1;
+                        trace_driver(DriverAction::Map, addr(at), bytes, self.ctx.device);
                         out.mapped.push((ChunkRef::Known(chunk.id), at));
                         Ok(())
                     }
@@ -385,6 +388,7 @@ impl DevicePool {
         }) {
             Ok(()) => {
                 out.map_calls += 1;
+                trace_driver(DriverAction::Map, ptr, bytes, self.ctx.device);
                 out.mapped.push((
                     ChunkRef::New {
                         handle,
@@ -423,6 +427,7 @@ impl DevicePool {
         }) {
             Ok(()) => {
                 out.unmap_calls += 1;
+                trace_driver(DriverAction::Unmap, at, bytes, self.ctx.device);
                 out.unmapped += chunk.len as u64;
                 Ok(Taken {
                     was_at: None,

@@ -248,9 +248,9 @@ pub static OPTIONS: [OptionDesc; 18] = [
     },
     OptionDesc {
         key: "vmm",
-        default: "off",
+        default: "on",
         kind: ValueKind::Choice(VMM_MODES),
-        doc: "`on`: blocks above 1 MiB come from one reserved virtual address range per device, and only the 2 MiB granules under blocks in use (or cached and still mapped) are backed by physical memory (`cuMemCreate`/`cuMemMap`, in pieces of up to `vmm_chunk`); idle pieces move to where a block needs them (stitching), so the footprint follows the live bytes. The moves cost driver calls, so step time can be above `off` (docs/BENCHMARKS.md). `off`: plain segments. Read when a device's pool is created; where the device has no virtual memory management, `on` falls back to segments.",
+        doc: "`on` (the default): blocks above 1 MiB come from one reserved virtual address range per device, and only the 2 MiB granules under blocks in use (or cached and still mapped) are backed by physical memory (`cuMemCreate`/`cuMemMap`, in pieces of up to `vmm_chunk`); idle pieces move to where a block needs them (stitching), so the footprint follows the live bytes. The moves cost driver calls (docs/BENCHMARKS.md). `off`: plain segments, as PyTorch's caching allocator lays them out: fewer driver calls, more memory held for programs whose sizes vary, and legacy CUDA IPC to processes not under cupool for blocks of a segment of their own. Read when a device's pool is created; where the device has no virtual memory management, `on` falls back to segments.",
         runtime: true,
     },
     OptionDesc {

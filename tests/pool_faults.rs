@@ -31,9 +31,10 @@ fn context(device: i32, vmm: bool) -> ContextInfo {
     if let Some(&(_, _, ctx)) = all.iter().find(|c| c.0 == device && c.1 == vmm) {
         return ctx;
     }
-    // The mode is read when the pool is created, at its first allocation.
-    cupool::config::set("vmm", if vmm { "on" } else { "off" }).unwrap();
+    // The mode is read when the pool is created, at its first allocation (after
+    // `setup_on`, which picks segments).
     let (rt, _, ctx) = setup_on(device);
+    cupool::config::set("vmm", if vmm { "on" } else { "off" }).unwrap();
     // A failure another test left pending is consumed by the first try.
     let p = rt.alloc(256).or_else(|_| rt.alloc(256)).unwrap();
     rt.free(p).unwrap();

@@ -155,6 +155,8 @@ fn with_vmm_the_reserve_is_idle_physical_memory_that_blocks_map() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     with_option("vmm", "on", || {
         let (rt, host, ctx) = setup_on(0);
+        // `setup_on` picks segments; the pool is created at the reserve below.
+        cupool::config::set("vmm", "on").unwrap();
         assert_eq!(rt.reserve(None, 32 * MIB), Ok(32 * MIB));
         let pool = rt.context_pool(ctx).unwrap();
         assert_eq!(pool.vmm_stats().idle_bytes, 32 * MIB);

@@ -24,8 +24,10 @@ fn vmm_setup(
     &'static cupool::backend::host::HostBackend,
     ContextInfo,
 ) {
+    // After `setup_on`, which picks segments; read when the pool is created.
+    let setup = setup_on(0);
     cupool::config::set("vmm", if on { "on" } else { "off" }).expect("vmm option");
-    setup_on(0)
+    setup
 }
 
 fn fill(p: u64, n: u64, v: u8) {
@@ -309,8 +311,8 @@ fn no_mapping_while_a_capture_is_active() {
 #[test]
 fn the_limit_holds_and_stitching_serves_requests_under_it() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    cupool::config::set("vmm", "on").unwrap();
     let (rt, host, ctx) = setup_on(1);
+    cupool::config::set("vmm", "on").unwrap();
     rt.set_memory_limit(1, 64 * MIB).unwrap();
     // Sizes that never repeat, 40 MiB live at most: only stitching keeps this under 64 MiB.
     for i in 0..50u64 {

@@ -10,8 +10,10 @@ const SMALL_SEGMENT: u64 = 2 << 20;
 const S1: u64 = 0x7f00_1000;
 const S2: u64 = 0x7f00_2000;
 
+/// The segment pool (`vmm:off`): the tests below check segment sizes.
 fn rt() -> &'static Runtime {
     cupool::config::set("backend", "host").expect("host backend");
+    cupool::config::set("vmm", "off").expect("vmm option");
     runtime().expect("runtime starts on the host backend")
 }
 

@@ -214,7 +214,9 @@ fn allocations_go_through_the_pool_for_every_way_of_reaching_the_driver() {
         );
         assert_eq!(plain.get("pool.available"), "0");
 
-        let pre = run_ok(&exe, &["loop"], true, &[]);
+        // Segments (`vmm:off`), so the pool's device allocations are the driver's
+        // `cuMemAlloc` calls; the VMM arena is `vmm_blocks_*` below.
+        let pre = run_ok(&exe, &["loop"], true, &[("CUPOOL_CONF", "vmm:off")]);
         let program = pre.num("program_allocs");
         assert!(
             pre.num("driver_allocs") * 10 < program,
@@ -294,7 +296,15 @@ fn queries_on_pool_blocks_answer_for_the_block() {
     for reach in ALL_REACHES {
         let exe = support::driver_program(reach);
         let plain = run_ok(&exe, &["block-queries"], false, &[]);
-        let pre = run_ok(&exe, &["block-queries"], true, &[]);
+        // Segments (`vmm:off`): a whole-segment block opens through legacy IPC at its own
+        // address, as without cupool. VMM-backed blocks open through their chunks'
+        // descriptors instead (`vmm_blocks_open_in_another_process`).
+        let pre = run_ok(
+            &exe,
+            &["block-queries"],
+            true,
+            &[("CUPOOL_CONF", "vmm:off")],
+        );
         assert_eq!(pre, plain, "{reach:?}");
         assert_eq!(pre.get("range_a.base_is_a"), "1");
         assert_eq!(pre.get("range_a.size"), "1000");

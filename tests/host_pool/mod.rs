@@ -15,8 +15,14 @@ pub fn setup() -> (&'static Runtime, &'static HostBackend, ContextInfo) {
 }
 
 /// As [`setup`], on `device`: each test gets a context (so a pool and statistics) of its own.
+///
+/// The pool is the segment pool (`vmm:off`): these tests count segments, fences and
+/// releases of segments, which are also what a device without virtual memory management
+/// gets. The VMM arena (the default) has tests of its own (`pool_vmm.rs`, and tests that
+/// set `vmm:on` after this).
 pub fn setup_on(device: i32) -> (&'static Runtime, &'static HostBackend, ContextInfo) {
     cupool::config::set("backend", "host").expect("host backend");
+    cupool::config::set("vmm", "off").expect("vmm option");
     let rt = runtime().expect("runtime starts on the host backend");
     let host = rt.host_backend().expect("host backend in use");
     let ctx = host.create_context(device);

@@ -52,6 +52,7 @@ mod reserve;
 mod segments;
 pub mod size_class;
 mod size_policy;
+mod stream_ids;
 pub mod thread_cache;
 pub mod vmm;
 
@@ -68,7 +69,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use counters::{Level, ThreadCounters};
 use fifo::Fifo;
 use free_index::FreeIndex;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 /// Every block record of the process.
 pub static BLOCKS: BlockTable = BlockTable::new();
@@ -193,7 +194,7 @@ struct Shared {
     small: FreeIndex,
     large: FreeIndex,
     streams: Vec<StreamState>,
-    stream_pos: HashMap<u64, usize>,
+    stream_pos: stream_ids::StreamPositions,
     /// Blocks awaiting a context fence, in free order.
     fence_queue: Fifo,
     fences: VecDeque<(EventHandle, u64)>,
@@ -336,7 +337,7 @@ impl DevicePool {
                 small: FreeIndex::new(),
                 large: FreeIndex::new(),
                 streams: Vec::new(),
-                stream_pos: HashMap::new(),
+                stream_pos: stream_ids::StreamPositions::default(),
                 fence_queue: Fifo::new(),
                 fences: VecDeque::new(),
                 unsealed_fence_blocks: 0,

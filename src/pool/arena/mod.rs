@@ -38,6 +38,8 @@
 //! good: never stolen, re-cut or released, so that a descriptor handed out always names
 //! the memory it named, as exported segments are kept (Note [exported segments]).
 
+mod stealable;
+
 use std::collections::BTreeSet;
 use std::ops::RangeInclusive;
 
@@ -62,6 +64,8 @@ struct Chunk {
     exported: bool,
     /// Descriptor it was exported as, -1 before.
     shared_fd: i32,
+    /// Has an entry in the stealable set, maybe a stale one (Note [lazy stealable set]).
+    listed: bool,
 }
 
 /// A chunk of an exported block ([`Arena::export`]).
@@ -105,8 +109,11 @@ pub struct Arena {
     pins: Vec<u32>,
     chunks: Vec<Chunk>,
     unused_ids: Vec<u32>,
-    /// Mapped chunks with no pinned granule, by (granules, id).
+    /// Mapped chunks with no pinned granule, by (granules, id), plus stale entries of
+    /// chunks pinned since (Note [lazy stealable set]).
     stealable: BTreeSet<(u32, u32)>,
+    /// Granules of the chunks that are stealable now (exact).
+    stealable_granules: u64,
     /// Chunks held but mapped nowhere, by (granules, id).
     idle: BTreeSet<(u32, u32)>,
     idle_granules: u64,
@@ -138,6 +145,7 @@ impl Arena {
             chunks: Vec::new(),
             unused_ids: Vec::new(),
             stealable: BTreeSet::new(),
+            stealable_granules: 0,
             idle: BTreeSet::new(),
             idle_granules: 0,
             mapped: 0,
@@ -190,11 +198,7 @@ impl Arena {
     pub fn pin_one(&mut self, g: usize) {
         if self.pins[g] == 0 && self.is_mapped(g) {
             let id = self.chunk_at[g];
-            let c = &mut self.chunks[id as usize];
-            if c.busy == 0 {
-                self.stealable.remove(&(c.len, id));
-            }
-            c.busy += 1;
+            self.add_busy(id);
         }
         self.pins[g] += 1;
     }
@@ -204,11 +208,7 @@ impl Arena {
         self.pins[g] -= 1;
         if self.pins[g] == 0 && self.is_mapped(g) {
             let id = self.chunk_at[g];
-            let c = &mut self.chunks[id as usize];
-            c.busy -= 1;
-            if c.busy == 0 {
-                self.stealable.insert((c.len, id));
-            }
+            self.drop_busy(id);
         }
     }
 
@@ -330,6 +330,10 @@ impl Arena {
         let removed = set.remove(&key);
         debug_assert!(removed);
         let (len, id) = key;
+        if stolen {
+            self.chunks[id as usize].listed = false;
+            self.stealable_granules -= len as u64;
+        }
         let c = self.chunks[id as usize];
         let was_at = if stolen {
             for g in c.at as usize..(c.at + c.len) as usize {
@@ -378,8 +382,7 @@ impl Arena {
         let mut pos = at;
         let end = at + len;
         // Nothing is taken unless the whole run can be backed.
-        let stealable: u64 = self.stealable.iter().map(|k| k.0 as u64).sum();
-        if len as u64 > (self.idle_granules + stealable).saturating_add(*create) {
+        if len as u64 > (self.idle_granules + self.stealable_granules).saturating_add(*create) {
             return None;
         }
         while pos < end {
@@ -389,7 +392,7 @@ impl Arena {
                     chunk: self.take_set(false, k),
                     at: pos,
                 }
-            } else if let Some(k) = Self::largest_up_to(&self.stealable, want) {
+            } else if let Some(k) = self.stealable_up_to(want) {
                 Step::Map {
                     chunk: self.take_set(true, k),
                     at: pos,
@@ -400,7 +403,7 @@ impl Arena {
                     len: want,
                     at: pos,
                 }
-            } else if let Some(k) = Self::smallest_above(&self.stealable, want) {
+            } else if let Some(k) = self.stealable_above(want) {
                 Step::Recut {
                     chunk: self.take_set(true, k),
                     len: want,
@@ -434,7 +437,7 @@ impl Arena {
         c.at = at as u32;
         c.busy = busy;
         if busy == 0 {
-            self.stealable.insert((len, id));
+            self.list_stealable(id);
         }
         self.mapped += len as u64;
         self.mapped_peak = self.mapped_peak.max(self.mapped);
@@ -471,6 +474,7 @@ impl Arena {
             busy: 0,
             exported: false,
             shared_fd: -1,
+            listed: false,
         };
         match self.unused_ids.pop() {
             Some(id) => {
@@ -501,6 +505,7 @@ impl Arena {
     pub fn take_unused(&mut self, max_granules: u64) -> Vec<Taken> {
         let mut out = Vec::new();
         let mut left = max_granules;
+        self.purge_stale_stealable();
         for stolen in [true, false] {
             let set = if stolen { &self.stealable } else { &self.idle };
             let cap = left.min(u32::MAX as u64) as u32;
@@ -531,16 +536,12 @@ impl Arena {
             if id == NO_CHUNK {
                 return None;
             }
-            let c = &mut self.chunks[id as usize];
-            if !c.exported {
-                // A pinned chunk is in no set, and the extra count keeps it out of them. (A
-                // block freed while it is exported leaves its chunk stealable: taken out.)
-                if c.busy == 0 {
-                    self.stealable.remove(&(c.len, id));
-                }
-                c.exported = true;
-                c.busy += 1;
+            if !self.chunks[id as usize].exported {
+                // The extra count keeps the chunk busy for good: never stealable again.
+                self.chunks[id as usize].exported = true;
+                self.add_busy(id);
             }
+            let c = &self.chunks[id as usize];
             first.get_or_insert(c.at as usize);
             out.push(ExportedChunk {
                 id,
@@ -592,6 +593,7 @@ impl Arena {
             ));
         }
         let mut idle = 0;
+        let mut stealable = 0;
         for (id, c) in self.chunks.iter().enumerate() {
             let id = id as u32;
             if c.handle == 0 {
@@ -609,16 +611,34 @@ impl Arena {
                 return Err(format!("arena chunk {id}: granule table disagrees"));
             }
             let busy = range.filter(|&g| self.pins[g] > 0).count() as u32 + c.exported as u32;
-            if busy != c.busy || self.stealable.contains(&(c.len, id)) != (busy == 0) {
+            let listed = self.stealable.contains(&(c.len, id));
+            if busy != c.busy || listed != c.listed || (busy == 0 && !listed) {
                 return Err(format!(
                     "arena chunk {id}: busy count or stealable set wrong"
                 ));
+            }
+            if busy == 0 {
+                stealable += c.len as u64;
             }
         }
         if idle != self.idle_granules {
             return Err(format!(
                 "arena: {idle} idle granules, counter says {}",
                 self.idle_granules
+            ));
+        }
+        if stealable != self.stealable_granules {
+            return Err(format!(
+                "arena: {stealable} stealable granules, counter says {}",
+                self.stealable_granules
+            ));
+        }
+        if let Some(&(len, id)) = self.stealable.iter().find(|&&(len, id)| {
+            let c = &self.chunks[id as usize];
+            c.handle == 0 || c.at == NO_CHUNK || c.len != len
+        }) {
+            return Err(format!(
+                "arena: stealable entry ({len}, {id}) of no mapped chunk"
             ));
         }
         Ok(())

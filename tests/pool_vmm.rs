@@ -384,3 +384,59 @@ fn stats_report_the_arena_mapping() {
     assert_eq!(rt.context_stats(ctx).unwrap().mapped_bytes.peak, 0);
     cupool::config::set("vmm", "off").unwrap();
 }
+
+/// Note [arena in snapshots]: the layout walk shows the arena as its mapped runs, each a
+/// segment that its blocks tile, and not as one reserved range of a terabyte.
+#[test]
+fn snapshots_show_the_arena_as_its_mapped_runs() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    let sizes = [3 * MIB, 12 * MIB, 40 * MIB, 5 * MIB];
+    let ptrs: Vec<u64> = sizes
+        .iter()
+        .map(|&n| rt.alloc_async(n as usize, S1).unwrap())
+        .collect();
+    // A free block between blocks in use, mapped: it shows, clipped to its runs.
+    rt.free_async(ptrs[1], S1).unwrap();
+    let segments = rt.segments(Some(ctx.device)).unwrap();
+    let arena: Vec<_> = segments.iter().filter(|s| s.arena).collect();
+    let mapped = rt.context_pool(ctx).unwrap().vmm_stats().mapped_bytes;
+    assert!(!arena.is_empty());
+    assert_eq!(arena.iter().map(|s| s.size).sum::<u64>(), mapped);
+    for seg in &arena {
+        assert!(!seg.small);
+        assert_eq!((seg.base % G, seg.size % G), (0, 0), "whole granules");
+        let mut at = seg.base;
+        for b in &seg.blocks {
+            assert_eq!(b.ptr, at, "blocks tile the run at {:#x}", seg.base);
+            at += b.size;
+        }
+        assert_eq!(at, seg.base + seg.size);
+    }
+    for (i, (&p, &n)) in ptrs.iter().zip(&sizes).enumerate() {
+        let found = arena
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .find(|b| b.ptr == p || (b.ptr..b.ptr + b.size).contains(&p));
+        let b = found.unwrap_or_else(|| panic!("block {p:#x} in no run"));
+        if i == 1 {
+            assert!(!b.allocated);
+        } else {
+            assert_eq!((b.ptr, b.requested, b.allocated), (p, n, true));
+            assert_eq!(b.size, rt.lookup(p).unwrap().size);
+        }
+    }
+    let json = cupool::runtime::segments_json(&segments);
+    assert!(json.contains("\"is_expandable\":true"), "{json}");
+    for (i, &p) in ptrs.iter().enumerate() {
+        if i != 1 {
+            rt.free_async(p, S1).unwrap();
+        }
+    }
+    empty_and_check_nothing_left(rt, host, ctx);
+    assert!(rt
+        .segments(Some(ctx.device))
+        .unwrap()
+        .iter()
+        .all(|s| !s.arena));
+}

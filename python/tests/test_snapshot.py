@@ -37,8 +37,16 @@ def test_snapshot_has_the_pools_segments_and_blocks(blocks, tmp_path):
     assert len(snap["device_traces"]) == cupool.device_count()
 
     s = cupool.stats()
-    assert len(snap["segments"]) == s["segment.all.current"]
-    assert sum(seg["total_size"] for seg in snap["segments"]) == s["reserved_bytes.all.current"]
+    # The VMM arena (`vmm:on`, the default) counts as one segment in the statistics and
+    # shows as its mapped runs, whole granules each (`is_expandable`); idle physical memory
+    # it holds has no address and does not show.
+    plain = [seg for seg in snap["segments"] if not seg["is_expandable"]]
+    runs = [seg for seg in snap["segments"] if seg["is_expandable"]]
+    assert runs, "the 3 MiB and 12 MiB blocks come from the arena"
+    assert len(plain) + 1 == s["segment.all.current"]
+    assert sum(seg["total_size"] for seg in runs) == s["cupool.mapped_bytes.current"]
+    shown = sum(seg["total_size"] for seg in snap["segments"])
+    assert shown <= s["reserved_bytes.all.current"] < shown + (64 << 20)
     assert (
         sum(seg["allocated_size"] for seg in snap["segments"]) == s["allocated_bytes.all.current"]
     )
@@ -87,9 +95,19 @@ def test_history_is_recorded_into_device_traces(blocks):
         cupool.record_memory_history(None)
     mine = [e for e in trace if e.get("addr") == ptr]
     actions = [e["action"] for e in mine]
-    assert actions[:1] == ["segment_alloc"] or "segment_alloc" in actions
     assert "alloc" in actions and "free_requested" in actions and "free_completed" in actions
-    assert actions[-1] == "segment_free"
+    # The block's memory came from the driver, and went back at empty_cache: in the VMM
+    # arena as mappings of the chunks under it (a segment of its own with `vmm:off`).
+    def covering(kinds):
+        end = ptr + (40 << 20)
+        return [
+            e for e in trace
+            if e["action"] in kinds and e["addr"] < end and ptr < e["addr"] + e["size"]
+        ]
+    got = covering(("segment_alloc", "segment_map"))
+    gone = covering(("segment_free", "segment_unmap"))
+    assert got and gone, [e["action"] for e in trace]
+    assert got[0]["time_us"] <= mine[0]["time_us"] and gone[-1]["time_us"] >= mine[-1]["time_us"]
     alloc = next(e for e in mine if e["action"] == "alloc")
     assert alloc["size"] >= 40 << 20 and alloc["stream"] == STREAM
     times = [e["time_us"] for e in trace]

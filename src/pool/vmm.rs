@@ -552,6 +552,12 @@ impl DevicePool {
         failed
     }
 
+    /// The arena's mapped address ranges `(address, bytes)`, ascending (none without one).
+    pub fn arena_mapped_runs(&self) -> Vec<(u64, u64)> {
+        let sh = self.shared.lock();
+        sh.arena.as_ref().map_or_else(Vec::new, |a| a.mapped_runs())
+    }
+
     /// VMM figures of this pool.
     pub fn vmm_stats(&self) -> VmmStats {
         let sh = self.shared.lock();

@@ -61,11 +61,13 @@ impl Runtime {
         let pools: Vec<&'static DevicePool> = Self::pools_of(device).collect();
         let mut segments: Vec<SegmentView> = Vec::new();
         let mut current: Option<(SegmentView, Vec<(u64, u32)>)> = None;
+        // The mapped runs of the arena being read, if it is one.
+        let mut runs: Vec<(u64, u64)> = Vec::new();
         for (ptr, idx) in starts {
             if let Some((seg, _)) = &current {
                 if ptr >= seg.base + seg.size {
                     let (seg, blocks) = current.take().expect("checked above");
-                    segments.push(finish(seg, blocks));
+                    segments.extend(split_arena(finish(seg, blocks), &runs));
                 }
             }
             if current.is_none() {
@@ -76,13 +78,19 @@ impl Runtime {
                     continue; // a block of another device, or one released meanwhile
                 };
                 let vmm = pool.vmm_stats();
+                let arena = vmm.range_bytes != 0 && vmm.range_bytes == found.segment_size;
+                runs = if arena {
+                    pool.arena_mapped_runs()
+                } else {
+                    Vec::new()
+                };
                 current = Some((
                     SegmentView {
                         device: pool.ctx.device,
                         base: found.segment_base,
                         size: found.segment_size,
                         small: false,
-                        arena: vmm.range_bytes != 0 && vmm.range_bytes == found.segment_size,
+                        arena,
                         blocks: Vec::new(),
                     },
                     Vec::new(),
@@ -94,7 +102,7 @@ impl Runtime {
             }
         }
         if let Some((seg, blocks)) = current {
-            segments.push(finish(seg, blocks));
+            segments.extend(split_arena(finish(seg, blocks), &runs));
         }
         Ok(segments)
     }
@@ -163,6 +171,46 @@ fn finish(mut seg: SegmentView, starts: Vec<(u64, u32)>) -> SegmentView {
             && seg.blocks.iter().all(|b| !b.allocated);
     }
     seg
+}
+
+/// Note [arena in snapshots]: the VMM arena is a reserved range of 4× the device's memory
+/// (at least 1 TiB), mostly unmapped. Shown whole, a snapshot would hold a 1 TiB segment
+/// with one huge free block, and the segments would add up to far more than the pool
+/// holds. So, as PyTorch shows an expandable segment by its mapped size, each run of
+/// mapped granules is a segment of its own (`is_expandable`), with the blocks over it
+/// clipped to it: blocks in use lie wholly inside one run (their granules are mapped);
+/// free blocks may straddle runs and unmapped space, and show only their mapped parts.
+/// The arena's idle chunks (held, mapped nowhere) have no address and do not show.
+fn split_arena(seg: SegmentView, runs: &[(u64, u64)]) -> Vec<SegmentView> {
+    if !seg.arena {
+        return vec![seg];
+    }
+    let mut out = Vec::with_capacity(runs.len());
+    for &(start, bytes) in runs {
+        let end = start + bytes;
+        let blocks = seg
+            .blocks
+            .iter()
+            .filter(|b| b.ptr < end && b.ptr + b.size > start)
+            .map(|b| {
+                let (lo, hi) = (b.ptr.max(start), (b.ptr + b.size).min(end));
+                if lo == b.ptr && hi == b.ptr + b.size {
+                    b.clone()
+                } else {
+                    free_block(lo, hi - lo)
+                }
+            })
+            .collect();
+        out.push(SegmentView {
+            device: seg.device,
+            base: start,
+            size: bytes,
+            small: false,
+            arena: true,
+            blocks,
+        });
+    }
+    out
 }
 
 fn free_block(ptr: u64, size: u64) -> BlockView {

@@ -119,3 +119,25 @@ fn pinned_frees_during_exit_make_no_driver_call() {
         );
     }
 }
+
+/// A fork child of a process whose pinned pool is live passes its pinned calls through to
+/// the driver, and the parent's pool keeps working.
+#[test]
+fn a_fork_child_gets_pinned_memory_from_the_driver() {
+    for reach in [Reach::GetProcAddress, Reach::Linked] {
+        let exe = support::pinned_program(reach);
+        let pre = run_ok(&exe, &["fork"], true, &[]);
+        assert_eq!(pre.get("child.exit"), "0", "{reach:?}");
+        assert_eq!(pre.get("child.alloc"), "0", "{reach:?}");
+        assert_eq!(pre.get("child.free"), "0", "{reach:?}");
+        assert_eq!(
+            pre.get("child.driver_allocs"),
+            "1",
+            "{reach:?}: the driver's"
+        );
+        assert_eq!(pre.get("child.pool_stats_ok"), "0", "{reach:?}");
+        for key in ["parent.free", "parent.alloc_after", "parent.free_after"] {
+            assert_eq!(pre.get(key), "0", "{reach:?}: {key}");
+        }
+    }
+}

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cupool.h"
 #include "fake_cuda.h"
@@ -294,6 +296,40 @@ static void free_during_exit(void)
     fflush(stdout);
 }
 
+/* A fork child never touches the parent's pool: its pinned allocations go to the driver,
+ * and the C API reports the pool unavailable there; the parent's pool goes on. */
+static void scenario_fork(void)
+{
+    void *p = NULL;
+    CHECK(drv.cuMemHostAlloc(&p, 64 * KIB, 0)); /* the pool is live in the parent */
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        uint64_t before = counters().host_alloc;
+        void *c = NULL;
+        int rc = drv.cuMemHostAlloc(&c, 64 * KIB, 0);
+        int freed = rc == 0 ? drv.cuMemFreeHost(c) : -1;
+        cupool_status (*get)(cupool_host_stats *) =
+            (cupool_status(*)(cupool_host_stats *))dlsym(RTLD_DEFAULT, "cupool_host_get_stats");
+        cupool_host_stats s;
+        memset(&s, 0, sizeof s);
+        s.size = sizeof s;
+        s.version = CUPOOL_HOST_STATS_VERSION;
+        printf("child.alloc=%d\nchild.free=%d\nchild.driver_allocs=%llu\nchild.pool_stats_ok=%d\n",
+               rc, freed, (unsigned long long)(counters().host_alloc - before),
+               get && get(&s) == CUPOOL_OK);
+        fflush(stdout);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    printf("child.exit=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    printf("parent.free=%d\n", drv.cuMemFreeHost(p));
+    void *again = NULL;
+    printf("parent.alloc_after=%d\n", drv.cuMemHostAlloc(&again, 64 * KIB, 0));
+    printf("parent.free_after=%d\n", drv.cuMemFreeHost(again));
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -307,6 +343,10 @@ int main(int argc, char **argv)
     CHECK(drv.cuDeviceGet(&dev, 0));
     CHECK(drv.cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(drv.cuCtxSetCurrent(ctx));
+    if (argc > 1 && !strcmp(argv[1], "fork")) {
+        scenario_fork();
+        return 0;
+    }
     if (free_late) {
         CHECK(drv.cuMemHostAlloc(&exit_blocks[0], 100 * KIB, 0));
         CHECK(drv.cuMemAllocHost_v2(&exit_blocks[1], 3 * MIB));

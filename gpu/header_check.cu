@@ -1,5 +1,6 @@
 // Compiles the suite's use of the C API against include/cupool.h: every function and
-// stats field the suite touches, and the stats struct's C layout (version 3).
+// stats field the suite touches, and the stats structs' C layout (cupool_stats version 3,
+// cupool_host_stats version 1).
 // With -DHEADER_CHECK_MAIN it is also a program, linked against libcupool.a by the suite
 // to show that the static library links and answers.
 #include <stddef.h>
@@ -16,6 +17,10 @@ static_assert(offsetof(cupool_stats, mapped_bytes) == 168, "mapped_bytes after t
 static_assert(offsetof(cupool_stats, granules) == 192, "granules last of v2");
 static_assert(offsetof(cupool_stats, grow_wait_us) == 208, "grow_wait_us last");
 static_assert(CUPOOL_STATS_VERSION == 3u, "stats struct version 3");
+static_assert(sizeof(cupool_host_stats) == 8 + 4 * 16 + 10 * 8, "cupool_host_stats v1 is 152 bytes");
+static_assert(offsetof(cupool_host_stats, chunks) == 56, "chunks the last level");
+static_assert(offsetof(cupool_host_stats, pending_fence_bytes) == 144, "pending_fence_bytes last");
+static_assert(CUPOOL_HOST_STATS_VERSION == 1u, "host stats struct version 1");
 // The suite asks for version 1 (the fields it reads); the library answers every version
 // up to its own.
 static_assert(CUP_STATS_VERSION <= CUPOOL_STATS_VERSION, "a version the library knows");
@@ -45,6 +50,19 @@ int use_every_call() {
   r |= (int)cupool_set_memory_limit(0, 0);
   r |= (int)cupool_config_set("verbose", "0");
   r |= cupool_interposition_active();
+  cupool_host_stats hs;
+  hs.size = sizeof hs;
+  hs.version = CUPOOL_HOST_STATS_VERSION;
+  r |= (int)cupool_host_alloc(&p, 1);
+  r |= (int)cupool_host_free(p);
+  r |= (int)cupool_host_alloc_async(&p, 1, (struct CUstream_st *)0);
+  r |= (int)cupool_host_free_async(p, (struct CUstream_st *)0);
+  r |= (int)cupool_host_get_stats(&hs);
+  r |= (int)cupool_host_stats_json(buf, sizeof buf, &n);
+  r |= (int)cupool_host_reset_peak_stats();
+  r |= (int)cupool_host_empty_cache(&n);
+  r |= (int)(hs.allocated_bytes.current + hs.reserved_bytes.peak + hs.chunks.current + hs.cache_hits +
+             hs.driver_allocs + hs.pending_fence_bytes);
   const char *text = cupool_status_string((cupool_status)0);
   return r + (int)(s.allocated_bytes.current + s.reserved_bytes.peak + s.requested_bytes.current +
                    s.cached_bytes.current + s.num_allocs + s.num_frees + s.cache_hits + s.cache_misses +

@@ -103,6 +103,16 @@ def bench_table(rows):
         for label in labels:
             lines.append(f"{label:<16}" + "".join(
                 f"{fmt_ns(lookup(rows, 'preload_pair', label, s, 'median_ns')):>9}" for s in (512, 1048576, 67108864)))
+    pinned = [r for r in rows if r["section"] == "pinned_pair"]
+    if pinned:
+        lines.append("pinned host memory: alloc+free pair, median ns (run/allocator; gpu/pinned_bench.cu)")
+        cases = [f"{o}/{s}" for o in ("asc", "desc") for s in (4096, 1048576, 67108864)] + ["mixed/mixed"]
+        lines.append(f"{'run/allocator':<30}" + "".join(f"{c.replace('/', ' '):>15}" for c in cases))
+        for who in sorted({r["allocator"] for r in pinned}):
+            lines.append(f"{who:<30}" + "".join(
+                f"{fmt_ns(lookup(rows, 'pinned_pair', who, c, 'median_ns')):>15}" for c in cases))
+    for r in (r for r in rows if r["section"] == "pinned_h2d"):
+        lines.append(f"pinned H2D 64 MiB: {r['allocator']:<10} {r['case']:<28} {r['median_gbps']:.2f} GB/s median")
     labels = [l for l in ("torch_caching", "no_caching", "no_caching_preload") if step_medians(rows, l)]
     if labels:
         lines.append("PyTorch training step (6-layer MLP, batch 64), median over rounds of each process's median ms:")
@@ -165,6 +175,14 @@ def targets(rows):
         name = f"preload ({mode} cudart): cudaMalloc+cudaFree pair <= 0.5 us"
         if got:
             add(name, max(got) <= 500.0, ", ".join(f"{n} {fmt_ns(m)}" for n, m in zip(("512B", "1MiB", "64MiB"), medians)))
+        else:
+            add(name, None, "")
+    for who in ("api/cupool_host", "preload/cupool_host", "preload/cudaHostAlloc", "preload/cudaMallocHost"):
+        got = [r for r in rows if r["section"] == "pinned_pair" and r["allocator"] == who]
+        name = f"pinned {who}: cached alloc+free pair <= 1 us (every size and order)"
+        if got:
+            worst = max(got, key=lambda r: r["median_ns"])
+            add(name, worst["median_ns"] <= 1000.0, f"worst {worst['case']} {fmt_ns(worst['median_ns'])}")
         else:
             add(name, None, "")
     own, pre, bare = (median(step_medians(rows, l)) for l in ("torch_caching", "no_caching_preload", "no_caching"))

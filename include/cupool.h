@@ -15,6 +15,12 @@ struct CUstream_st;
 #define CUPOOL_STATS_VERSION 3
 
 /**
+ * Version of [`CupoolHostStats`] this library writes. Bumped when fields are added at the
+ * end.
+ */
+#define CUPOOL_HOST_STATS_VERSION 1
+
+/**
  * Result of every `cupool_*` call. `CUPOOL_OK` is 0; every other value names one
  * failure, and `cupool_status_string` turns it into text.
  */
@@ -203,6 +209,84 @@ typedef struct {
    */
   uint64_t grow_wait_us;
 } cupool_stats;
+
+/**
+ * Statistics of the pinned host memory pool (`cupool_host_alloc`, and `cudaHostAlloc` /
+ * `cudaMallocHost` under the preload).
+ *
+ * The caller sets `size = sizeof(cupool_host_stats)` and
+ * `version = CUPOOL_HOST_STATS_VERSION` before the call; the library writes at most `size`
+ * bytes.
+ */
+typedef struct {
+  /**
+   * `sizeof(cupool_host_stats)` as the caller compiled it.
+   */
+  uint32_t size;
+  /**
+   * `CUPOOL_HOST_STATS_VERSION` as the caller compiled it.
+   */
+  uint32_t version;
+  /**
+   * Bytes of pinned blocks handed to the program and not yet freed, after rounding to
+   * whole pages.
+   */
+  cupool_stat allocated_bytes;
+  /**
+   * Bytes of page-locked memory obtained from the driver and not yet given back.
+   */
+  cupool_stat reserved_bytes;
+  /**
+   * Bytes the program asked for, before rounding, of blocks not yet freed.
+   */
+  cupool_stat requested_bytes;
+  /**
+   * Chunks (driver allocations) held.
+   */
+  cupool_stat chunks;
+  /**
+   * Successful allocations.
+   */
+  uint64_t num_allocs;
+  /**
+   * Successful frees.
+   */
+  uint64_t num_frees;
+  /**
+   * Allocations served from cached memory without a driver call.
+   */
+  uint64_t cache_hits;
+  /**
+   * Allocations that needed a new chunk from the driver.
+   */
+  uint64_t cache_misses;
+  /**
+   * Chunks obtained from the driver (`cuMemHostAlloc`).
+   */
+  uint64_t driver_allocs;
+  /**
+   * Chunks given back to the driver (`cuMemFreeHost`).
+   */
+  uint64_t driver_frees;
+  /**
+   * Context fences recorded to order the reuse of freed blocks (one per context).
+   */
+  uint64_t fences_recorded;
+  /**
+   * Allocations that failed at first and were retried after waiting for pending frees
+   * and releasing idle chunks.
+   */
+  uint64_t alloc_retries;
+  /**
+   * Allocations that failed with out-of-memory after the retry.
+   */
+  uint64_t num_ooms;
+  /**
+   * Bytes freed and waiting for a fence that the pool has not yet seen complete.
+   * Current value only.
+   */
+  uint64_t pending_fence_bytes;
+} cupool_host_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -515,6 +599,121 @@ cupool_status cupool_segments_json(int device, char *buf, size_t buf_len, size_t
  * `taken_out` is NULL or valid for a write.
  */
 cupool_status cupool_reserve(int device, size_t bytes, size_t *taken_out);
+
+/**
+ * Allocates `size` bytes of page-locked (pinned) host memory from cupool's cache: memory
+ * `cudaMemcpyAsync` copies from and to without staging, as from `cudaHostAlloc` with
+ * `cudaHostAllocPortable | cudaHostAllocMapped`. It is usable from every device and
+ * context, and page aligned. Nothing is pending on it: the host may write it at once.
+ *
+ * Freed blocks are reused only once the work submitted before their free has completed
+ * (a context fence in every context cupool knows), so an async copy still reading a freed
+ * buffer is never overwritten by its next owner. A miss takes a chunk from the driver
+ * (`cuMemHostAlloc`, 2 MiB, or the request rounded to 2 MiB above 1 MiB) in the calling
+ * thread's current context (device 0's primary context when none is current).
+ *
+ * `ptr_out` must not be NULL and is written only on success. `size` 0:
+ * `CUPOOL_ERROR_INVALID_VALUE`; no page-locked memory left after waiting for pending
+ * frees and releasing idle chunks: `CUPOOL_ERROR_OUT_OF_MEMORY`. Free the block once,
+ * with `cupool_host_free` or `cupool_host_free_async` (not `cudaFreeHost`, except under
+ * `libcupool_preload.so`, where `cudaFreeHost` reaches the same pool).
+ *
+ * # Safety
+ * `ptr_out` is NULL or valid for writing one pointer.
+ */
+cupool_status cupool_host_alloc(void **ptr_out, size_t size);
+
+/**
+ * Allocates `size` bytes of pinned host memory in stream order on `stream` (NULL: the
+ * legacy default stream; it must belong to the calling thread's current context). The
+ * block may be one freed with `cupool_host_free_async` on the same stream whose earlier
+ * work (a copy still reading it) has not run yet: work submitted to `stream` from now on
+ * may use it at once, but the host must not read or write it before that earlier work is
+ * done (`cudaStreamSynchronize`, an event, or a host function enqueued on `stream`). Use
+ * `cupool_host_alloc` for a buffer the host fills at once.
+ *
+ * `ptr_out` must not be NULL and is written only on success; `size` 0:
+ * `CUPOOL_ERROR_INVALID_VALUE`. Free the block once, with `cupool_host_free_async` or
+ * `cupool_host_free`.
+ *
+ * # Safety
+ * `ptr_out` is NULL or valid for writing one pointer; `stream` is NULL or a live stream.
+ */
+cupool_status cupool_host_alloc_async(void **ptr_out, size_t size, struct CUstream_st *stream);
+
+/**
+ * Frees a block from `cupool_host_alloc` or `cupool_host_alloc_async` without naming a
+ * stream. Unlike `cudaFreeHost` this does not wait for the device: the block is reused
+ * only once a fence recorded after this call has completed in every context, so copies
+ * already enqueued from or to it finish first. The program must not touch the block
+ * after this call.
+ *
+ * `ptr` NULL returns `CUPOOL_OK` and does nothing. A pointer the pinned pool did not hand
+ * out (an interior pointer, memory from `cudaHostAlloc` or `cudaHostRegister` outside the
+ * preload, a device block) returns `CUPOOL_ERROR_INVALID_POINTER`, a block already freed
+ * `CUPOOL_ERROR_DOUBLE_FREE`; either way nothing changes.
+ *
+ * # Safety
+ * Any pointer value may be passed; it is looked up, never dereferenced.
+ */
+cupool_status cupool_host_free(void *ptr);
+
+/**
+ * Frees a pinned block in stream order on `stream` (NULL: the legacy default stream; it
+ * must belong to the calling thread's current context): work submitted to `stream`
+ * before this call may still use it. The block may be reused at once by
+ * `cupool_host_alloc_async` on the same stream, and by other streams and
+ * `cupool_host_alloc` once that work has completed. A block allocated on another stream
+ * is treated as freed without a stream. NULL and bad pointers as for `cupool_host_free`.
+ *
+ * # Safety
+ * Any pointer value may be passed for `ptr`; `stream` is NULL or a live stream.
+ */
+cupool_status cupool_host_free_async(void *ptr, struct CUstream_st *stream);
+
+/**
+ * Fills `*stats` with the statistics of the pinned host memory pool (all zero before its
+ * first allocation).
+ *
+ * The caller owns `stats` and sets `stats->size = sizeof(cupool_host_stats)` and
+ * `stats->version = CUPOOL_HOST_STATS_VERSION` first. `size` below 8, `version` 0 or newer
+ * than this library's return `CUPOOL_ERROR_VERSION_MISMATCH`. At most `size` bytes are
+ * written; on success `size` and `version` are set to what this library wrote. `stats`
+ * must not be NULL.
+ *
+ * # Safety
+ * `stats` is NULL or points to at least `stats->size` writable bytes.
+ */
+cupool_status cupool_host_get_stats(cupool_host_stats *stats);
+
+/**
+ * Writes the pinned pool's statistics as one JSON object and a NUL into `buf` (one key
+ * per field of `cupool_host_stats`). Buffer rules as for `cupool_stats_json`:
+ * `CUPOOL_ERROR_BUFFER_TOO_SMALL` with the needed size in `*needed_out`; `buf` NULL with
+ * `buf_len` 0 asks for the size; `needed_out` may be NULL.
+ *
+ * # Safety
+ * `buf` is NULL or valid for `buf_len` bytes; `needed_out` is NULL or valid for a write.
+ */
+cupool_status cupool_host_stats_json(char *buf, size_t buf_len, size_t *needed_out);
+
+/**
+ * Sets every peak of the pinned pool's statistics to its current value.
+ */
+cupool_status cupool_host_reset_peak_stats(void);
+
+/**
+ * Gives the pinned pool's idle chunks back to the driver (`cuMemFreeHost`), after waiting
+ * for the fences of blocks freed moments ago. Blocks in use keep their chunk. Device
+ * memory is not touched (that is `cupool_empty_cache`), nor is pinned memory by
+ * `cupool_empty_cache`.
+ *
+ * `*released_out` receives the bytes released; `released_out` may be NULL.
+ *
+ * # Safety
+ * `released_out` is NULL or valid for a write.
+ */
+cupool_status cupool_host_empty_cache(size_t *released_out);
 
 /**
  * Allocates `size` bytes for PyTorch on `device`, in stream order on `stream` (its current

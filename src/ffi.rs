@@ -13,6 +13,7 @@
 
 pub mod capture;
 pub mod device;
+pub mod pinned;
 pub mod process_api;
 pub mod torch;
 

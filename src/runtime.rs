@@ -19,6 +19,7 @@ pub mod ipc;
 mod layout;
 mod lifecycle;
 mod on_device;
+mod pinned;
 mod tracing;
 
 pub use lifecycle::{

@@ -16,6 +16,9 @@
 //! contribution reaches a new high (see `ThreadCounters::raise_peak`): exact when one thread
 //! allocates, and a lower bound within one thread's swing under concurrency.
 
+pub mod pinned;
+pub use pinned::{CupoolHostStats, CUPOOL_HOST_STATS_VERSION};
+
 /// Version of [`CupoolStats`] this library writes. Bumped when fields are added at the end.
 pub const CUPOOL_STATS_VERSION: u32 = 3;
 

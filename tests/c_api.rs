@@ -203,6 +203,11 @@ fn bad_input_is_refused_without_harm() {
 }
 
 #[test]
+fn pinned_host_memory_from_c() {
+    run_c_test("pinned", HOST);
+}
+
+#[test]
 fn trace_start_and_stop_record_to_files() {
     let dir_for = |linkage: Linkage| {
         let dir = artifacts()

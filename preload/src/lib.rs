@@ -6,7 +6,8 @@
 //! and asks it for every other entry point; XLA-style loaders `dlsym` each driver function
 //! from libcuda's handle; `-lcuda` programs bind to exported symbols. So this library
 //! exports `dlsym` ([`dlsym_hook`]), `cuGetProcAddress`/`_v2` ([`proc_address`]) and the
-//! hooked driver functions themselves ([`memory`], [`capture`], [`peer`]), all listed once
+//! hooked driver functions themselves ([`memory`], [`pinned`], [`capture`], [`peer`]), all
+//! listed once
 //! in [`table`]. The real functions come from [`real`], typed by [`slots`] (each driver
 //! function's exported name and signature, listed once). It also carries the whole cupool
 //! C API (the `cupool` crate is linked in), so one pool serves both faces.
@@ -29,6 +30,7 @@ pub mod ipc;
 pub mod lifecycle;
 pub mod memory;
 pub mod peer;
+pub mod pinned;
 pub mod proc_address;
 pub mod real;
 pub mod slots;

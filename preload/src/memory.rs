@@ -26,7 +26,7 @@ thread_local! {
 }
 
 /// Runs `f` with the re-entry flag raised; `None` when this thread is already inside.
-fn enter_pool<T>(f: impl FnOnce() -> T) -> Option<T> {
+pub(crate) fn enter_pool<T>(f: impl FnOnce() -> T) -> Option<T> {
     let entered = IN_POOL
         .try_with(|flag| !flag.replace(true))
         .unwrap_or(false);
@@ -366,10 +366,13 @@ unsafe fn rewrite_range_attribute(attribute: c_int, data: *mut c_void, ptr: CuDe
     {
         return;
     }
-    let Some(block) = pool_block_containing(ptr) else {
+    // A device block's range, or a pinned block's (its chunk is the driver's range).
+    let range = pool_block_containing(ptr)
+        .map(|block| block_range(&block, ptr))
+        .or_else(|| crate::pinned::pinned_block_range(ptr));
+    let Some((base, size)) = range else {
         return;
     };
-    let (base, size) = block_range(&block, ptr);
     // SAFETY: RANGE_START_ADDR is a CUdeviceptr and RANGE_SIZE a size_t: both 8 bytes,
     // written by the driver through this same pointer.
     unsafe {

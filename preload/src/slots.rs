@@ -106,6 +106,10 @@ slots! {
     CtxEnablePeerAccess = "cuCtxEnablePeerAccess":
         unsafe extern "C" fn(CuHandle, c_uint) -> CuResult;
     CtxDisablePeerAccess = "cuCtxDisablePeerAccess": unsafe extern "C" fn(CuHandle) -> CuResult;
+    MemHostAlloc = "cuMemHostAlloc":
+        unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult;
+    MemAllocHost = "cuMemAllocHost_v2": unsafe extern "C" fn(*mut *mut c_void, usize) -> CuResult;
+    MemFreeHost = "cuMemFreeHost": unsafe extern "C" fn(*mut c_void) -> CuResult;
     /// Not hooked: the hooks use it to find the calling thread's context.
     CtxGetCurrent = "cuCtxGetCurrent": unsafe extern "C" fn(*mut CuHandle) -> CuResult;
 }

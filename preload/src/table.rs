@@ -71,14 +71,16 @@ use crate::capture as cap;
 use crate::ipc;
 use crate::memory as mem;
 use crate::peer;
+use crate::pinned;
 use crate::proc_address as gpa;
 use StreamFlavour::{Any, Legacy, PerThread};
 
 const NEWEST: i32 = i32::MAX;
 
 /// Every hook. Versions: `cudaTypedefs.h` (`PFN_cuMemAlloc_v3020`, `PFN_cuStreamBeginCapture_v10010`,
-/// `PFN_cuGetProcAddress_v12000`, ...).
-pub static HOOKS: [Hook; 24] = [
+/// `PFN_cuGetProcAddress_v12000`, `PFN_cuMemHostAlloc_v2020`, `PFN_cuMemAllocHost_v3020`,
+/// `PFN_cuMemFreeHost_v2000`, ...).
+pub static HOOKS: [Hook; 27] = [
     Hook {
         slot: Slot::MemAlloc,
         query: q(b"cuMemAlloc\0", 3020, NEWEST, Any),
@@ -88,6 +90,22 @@ pub static HOOKS: [Hook; 24] = [
         slot: Slot::MemFree,
         query: q(b"cuMemFree\0", 3020, NEWEST, Any),
         replacement: addr!(mem::cuMemFree_v2),
+    },
+    Hook {
+        slot: Slot::MemHostAlloc,
+        query: q(b"cuMemHostAlloc\0", 2020, NEWEST, Any),
+        replacement: addr!(pinned::cuMemHostAlloc),
+    },
+    // `cuMemAllocHost`@2000 is the 32-bit-size v1 and is left alone, as `cuMemAlloc`'s.
+    Hook {
+        slot: Slot::MemAllocHost,
+        query: q(b"cuMemAllocHost\0", 3020, NEWEST, Any),
+        replacement: addr!(pinned::cuMemAllocHost_v2),
+    },
+    Hook {
+        slot: Slot::MemFreeHost,
+        query: q(b"cuMemFreeHost\0", 2000, NEWEST, Any),
+        replacement: addr!(pinned::cuMemFreeHost),
     },
     Hook {
         slot: Slot::MemGetInfo,

@@ -29,12 +29,13 @@ use super::driver::{
     MemLocation,
 };
 use super::{
-    Backend, BackendError, BackendResult, ContextId, ContextInfo, DevicePtr, EventHandle,
+    Backend, BackendError, BackendResult, ContextId, ContextInfo, DevicePtr, EventHandle, HostPtr,
     StreamHandle, StreamId,
 };
 use crate::log;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
 
+mod pinned;
 mod shareable;
 
 /// `CU_EVENT_DISABLE_TIMING`: fences and stream events are never timed, which makes them
@@ -667,6 +668,14 @@ impl Backend for CudaBackend {
             check(unsafe { info(&mut free, &mut total) })?;
             Ok((free as u64, total as u64))
         })
+    }
+
+    fn host_alloc(&self, ctx: ContextId, bytes: u64) -> BackendResult<HostPtr> {
+        self.pinned_alloc(ctx, bytes)
+    }
+
+    fn host_free(&self, ctx: ContextId, ptr: HostPtr) -> BackendResult<()> {
+        self.pinned_free(ctx, ptr)
     }
 }
 

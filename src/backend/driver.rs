@@ -226,6 +226,11 @@ pub struct DriverApi {
     /// `cuMemImportFromShareableHandle(handle, os_handle, handle_type)`.
     pub mem_import_from_shareable_handle:
         Option<unsafe extern "C" fn(*mut u64, *mut c_void, c_int) -> CuResult>,
+    /// `cuMemHostAlloc(pp, bytesize, flags)`: page-locked host memory (the pinned pool's
+    /// chunks).
+    pub mem_host_alloc: Option<unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult>,
+    /// `cuMemFreeHost(p)`.
+    pub mem_free_host: Option<unsafe extern "C" fn(*mut c_void) -> CuResult>,
 }
 
 impl DriverApi {
@@ -356,6 +361,8 @@ fn load() -> BackendResult<DriverApi> {
         mem_set_access: None,
         mem_export_to_shareable_handle: None,
         mem_import_from_shareable_handle: None,
+        mem_host_alloc: None,
+        mem_free_host: None,
     };
     // The query version of each function is the first release whose variant we call.
     api.init = resolve!(api, c"cuInit", 2000);
@@ -394,6 +401,8 @@ fn load() -> BackendResult<DriverApi> {
     api.mem_set_access = resolve!(api, c"cuMemSetAccess", 10020);
     api.mem_export_to_shareable_handle = resolve!(api, c"cuMemExportToShareableHandle", 10020);
     api.mem_import_from_shareable_handle = resolve!(api, c"cuMemImportFromShareableHandle", 10020);
+    api.mem_host_alloc = resolve!(api, c"cuMemHostAlloc", 2020);
+    api.mem_free_host = resolve!(api, c"cuMemFreeHost", 2000);
     Ok(api)
 }
 

@@ -9,7 +9,7 @@
 //! id, as `cuStreamGetId` does.
 
 use super::{
-    Backend, BackendError, BackendResult, ContextId, ContextInfo, DevicePtr, EventHandle,
+    Backend, BackendError, BackendResult, ContextId, ContextInfo, DevicePtr, EventHandle, HostPtr,
     StreamHandle, StreamId,
 };
 use crate::config::{self, Key};
@@ -19,7 +19,9 @@ use std::collections::HashMap;
 
 mod faults;
 mod pages;
+mod pinned;
 use pages::{map_device_memory, reserve_address_space, unmap_device_memory};
+pub use pinned::HostPinnedCounters;
 
 /// Devices the host backend pretends to have.
 pub const HOST_DEVICES: i32 = 2;
@@ -135,6 +137,8 @@ pub struct HostBackend {
     special: AtomicUsize,
     next_done_event: AtomicU64,
     done_fences: AtomicU64,
+    /// Simulated page-locked host memory (`pinned.rs`).
+    pinned: spin::Mutex<pinned::HostPinned>,
 }
 
 /// Note [host fences]: with `host_auto_complete` and no context held in flight, lagging or
@@ -157,6 +161,7 @@ impl HostBackend {
             special: AtomicUsize::new(0),
             next_done_event: AtomicU64::new(1),
             done_fences: AtomicU64::new(0),
+            pinned: spin::Mutex::new(pinned::HostPinned::new()),
             state: spin::Mutex::new(State {
                 allocations: HashMap::new(),
                 live_bytes: [0; HOST_DEVICES as usize],
@@ -698,5 +703,14 @@ impl Backend for HostBackend {
         let device = self.device_of(ctx)?;
         let s = self.state.lock();
         Ok((s.capacity - s.live_bytes[device as usize], s.capacity))
+    }
+
+    fn host_alloc(&self, ctx: ContextId, bytes: u64) -> BackendResult<HostPtr> {
+        self.device_of(ctx)?;
+        self.pinned_alloc(bytes)
+    }
+
+    fn host_free(&self, _ctx: ContextId, ptr: HostPtr) -> BackendResult<()> {
+        self.pinned_free(ptr)
     }
 }

@@ -17,6 +17,9 @@ use crate::status::CupoolStatus;
 /// A device address handed out by a backend (a `CUdeviceptr` for CUDA).
 pub type DevicePtr = u64;
 
+/// The address of page-locked host memory (what `cuMemHostAlloc` writes), as an integer.
+pub type HostPtr = u64;
+
 /// The raw value of a `CUstream` handle as the caller passed it (0 is the legacy default
 /// stream, 2 the per-thread default stream). Handles can be reused after a stream is
 /// destroyed, so the pool keys streams by [`StreamId`], never by handle.
@@ -250,4 +253,15 @@ pub trait Backend: Send + Sync + 'static {
 
     /// `(free, total)` bytes of the device behind `ctx`, as the driver reports them.
     fn memory_info(&self, ctx: ContextId) -> BackendResult<(u64, u64)>;
+
+    /// Allocates `bytes` of page-locked host memory with `ctx` current, usable by every
+    /// context and mapped into the device address space
+    /// (`cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)`): a chunk of
+    /// the pinned pool, which serves every context from one cache. Returns the host
+    /// address, never 0, page aligned (2 MiB aligned from 2 MiB on for the host backend).
+    fn host_alloc(&self, ctx: ContextId, bytes: u64) -> BackendResult<HostPtr>;
+
+    /// Gives memory from [`Backend::host_alloc`] back (`cuMemFreeHost`), with `ctx` (the
+    /// context it was allocated in) current. No work may still use it.
+    fn host_free(&self, ctx: ContextId, ptr: HostPtr) -> BackendResult<()>;
 }

@@ -17,7 +17,7 @@
 //! own `dlsym` ([`crate::dl`], Note [real dlsym]).
 
 use super::{CUstream_st, CupoolStatus};
-use crate::stats::CupoolStats;
+use crate::stats::{CupoolHostStats, CupoolStats};
 use core::ffi::{c_char, c_int, c_void};
 use core::ptr;
 use core::sync::atomic::{AtomicPtr, Ordering};
@@ -56,6 +56,15 @@ pub struct ProcessApiV1 {
     pub reserve: unsafe extern "C" fn(c_int, usize, *mut usize) -> CupoolStatus,
     pub capture_begin: unsafe extern "C" fn() -> CupoolStatus,
     pub capture_end: unsafe extern "C" fn() -> CupoolStatus,
+    pub host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> CupoolStatus,
+    pub host_alloc_async:
+        unsafe extern "C" fn(*mut *mut c_void, usize, *mut CUstream_st) -> CupoolStatus,
+    pub host_free: unsafe extern "C" fn(*mut c_void) -> CupoolStatus,
+    pub host_free_async: unsafe extern "C" fn(*mut c_void, *mut CUstream_st) -> CupoolStatus,
+    pub host_get_stats: unsafe extern "C" fn(*mut CupoolHostStats) -> CupoolStatus,
+    pub host_stats_json: unsafe extern "C" fn(*mut c_char, usize, *mut usize) -> CupoolStatus,
+    pub host_reset_peak_stats: unsafe extern "C" fn() -> CupoolStatus,
+    pub host_empty_cache: unsafe extern "C" fn(*mut usize) -> CupoolStatus,
 }
 
 static OWN_API: ProcessApiV1 = ProcessApiV1 {
@@ -84,6 +93,14 @@ static OWN_API: ProcessApiV1 = ProcessApiV1 {
     reserve: super::device::cupool_reserve,
     capture_begin: super::capture::cupool_capture_begin,
     capture_end: super::capture::cupool_capture_end,
+    host_alloc: super::pinned::cupool_host_alloc,
+    host_alloc_async: super::pinned::cupool_host_alloc_async,
+    host_free: super::pinned::cupool_host_free,
+    host_free_async: super::pinned::cupool_host_free_async,
+    host_get_stats: super::pinned::cupool_host_get_stats,
+    host_stats_json: super::pinned::cupool_host_stats_json,
+    host_reset_peak_stats: super::pinned::cupool_host_reset_peak_stats,
+    host_empty_cache: super::pinned::cupool_host_empty_cache,
 };
 
 /// This copy's table, for the other copies of cupool in the process. Not in the header.

@@ -32,6 +32,8 @@
 //! [fragmentation stats]), `invariants`, and [`vmm`] (the VMM arena) each add their part
 //! of `DevicePool`'s methods; [`handover`] hands blocks to the program and takes them back
 //! outside the pool lock (thread-cache hits and frees), so the runtime writes no record.
+//! [`pinned`] is the process's pool of page-locked host memory, ordered by these pools'
+//! context fences.
 
 pub mod address_map;
 mod alloc;
@@ -46,6 +48,7 @@ pub mod free_index;
 mod frees;
 pub mod handover;
 mod invariants;
+pub mod pinned;
 mod pool_stats;
 mod release;
 mod reserve;

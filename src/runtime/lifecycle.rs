@@ -41,6 +41,10 @@ pub fn write_stats_at_exit() {
                     text.push_str(&v.to_line());
                 }
             }
+            if let Some(rt) = runtime_if_started().filter(|rt| rt.host_pool_started()) {
+                text.push_str("pinned host memory:\n");
+                text.push_str(&rt.host_stats().to_text());
+            }
         }
         Some(Err(status)) => {
             text.push_str(&format!("  statistics unavailable: {}\n", status.as_str()));

@@ -45,6 +45,13 @@ struct fake_cuda_counters {
     uint64_t vmm_errors;       /* VMM calls that failed (checks or injected) */
     uint64_t vmm_exports;      /* successful cuMemExportToShareableHandle */
     uint64_t vmm_imports;      /* successful cuMemImportFromShareableHandle */
+    /* Page-locked host memory. host_live_bytes is what is alive now (not reset). */
+    uint64_t host_alloc;       /* successful cuMemHostAlloc / cuMemAllocHost(_v2) */
+    uint64_t host_free;        /* successful cuMemFreeHost */
+    uint64_t host_free_errors; /* cuMemFreeHost refused (not the base of a host allocation) */
+    uint64_t host_live_bytes;  /* bytes of live host allocations */
+    uint64_t host_register;    /* successful cuMemHostRegister_v2 */
+    uint64_t host_unregister;  /* successful cuMemHostUnregister */
 };
 
 /* Copies the counters to *out (out may not be NULL). */
@@ -59,6 +66,15 @@ void fake_cuda_set_event_latency(int queries);
 /* Makes the next device allocation fail with `code` (a CUresult) without allocating;
  * 0 cancels a pending injection. */
 void fake_cuda_fail_next_alloc(int code);
+
+/* Makes the next cuMemHostAlloc / cuMemAllocHost fail with `code` without allocating; 0
+ * cancels a pending injection. */
+void fake_cuda_fail_next_host_alloc(int code);
+/* The cuMemHostAlloc flags of the host allocation containing `ptr`, or -1 when none does
+ * (memory of the fake's own, not registered memory). */
+int fake_cuda_host_flags(const void *ptr);
+/* Whether `ptr` lies in memory registered with cuMemHostRegister. */
+int fake_cuda_host_registered(const void *ptr);
 
 /* VMM functions for fault injection (fake_cuda_fail_vmm). */
 enum fake_cuda_vmm_fn {

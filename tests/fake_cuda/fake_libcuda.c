@@ -38,6 +38,12 @@
  *   answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (906) while a blocking stream of the current
  *   context is capturing, as the driver documents.
  *
+ * - Page-locked host memory: cuMemHostAlloc (flags PORTABLE, DEVICEMAP, WRITECOMBINED;
+ *   others: INVALID_VALUE), cuMemAllocHost_v2 (flags 0), cuMemFreeHost of the base of such
+ *   an allocation (anything else: INVALID_VALUE), cuMemHostRegister_v2 /
+ *   cuMemHostUnregister of caller memory (kept apart: cuMemFreeHost refuses it). All need
+ *   a current context. Host memory is not counted against the device budget.
+ *
  * Control and observation: fake_cuda.h (counters, fault injection). FAKE_CUDA_LOG=path
  * appends one line per call to that file. One mutex guards all state: thread-safe.
  */
@@ -143,6 +149,13 @@ struct fake_alloc {
     enum alloc_kind kind;
     int device;
     unsigned long long buffer_id;
+    unsigned int host_flags; /* cuMemHostAlloc flags of an ALLOC_HOST allocation */
+};
+
+/* Caller memory registered with cuMemHostRegister. */
+struct fake_registration {
+    uintptr_t base;
+    size_t size;
 };
 
 struct fake_stream {
@@ -172,6 +185,10 @@ static size_t g_total_bytes = (size_t)1 << 30;
 static int g_event_latency;
 static int g_driver_version = FAKE_DRIVER_VERSION;
 static int g_fail_next_alloc;
+static int g_fail_next_host_alloc;
+static uint64_t g_host_live_bytes;
+static struct fake_registration *g_regs;
+static size_t g_reg_count, g_reg_cap;
 static int g_log_fd = -1;
 static int g_vmm_supported;
 
@@ -368,6 +385,7 @@ static CUresult add_alloc(uintptr_t base, size_t size, enum alloc_kind kind, int
     a->kind = kind;
     a->device = device;
     a->buffer_id = g_next_buffer_id++;
+    a->host_flags = 0;
     return CUDA_SUCCESS;
 }
 
@@ -758,28 +776,59 @@ static CUresult fk_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
     return free_async(dptr, stream, "cuMemFreeAsync_ptsz");
 }
 
-static CUresult fk_cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
+#define CU_MEMHOSTALLOC_PORTABLE 0x01u
+#define CU_MEMHOSTALLOC_DEVICEMAP 0x02u
+#define CU_MEMHOSTALLOC_WRITECOMBINED 0x04u
+#define CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED 712
+#define CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED 713
+
+static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags, const char *name)
 {
     lock();
     REQUIRE_INIT();
     CUresult rc = CUDA_SUCCESS;
     struct fake_ctx *ctx = (struct fake_ctx *)current_ctx();
+    unsigned int known =
+        CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
     if (!ctx)
         rc = CUDA_ERROR_INVALID_CONTEXT;
-    else if (!pp || bytesize == 0)
+    else if (!pp || bytesize == 0 || (flags & ~known))
         rc = CUDA_ERROR_INVALID_VALUE;
-    else {
+    else if (g_fail_next_host_alloc) {
+        rc = g_fail_next_host_alloc;
+        g_fail_next_host_alloc = 0;
+    } else {
         void *p = host_aligned(bytesize);
         if (!p)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         else if ((rc = add_alloc((uintptr_t)p, bytesize, ALLOC_HOST, ctx->device)) != 0)
             free(p);
-        else
+        else {
+            g_allocs[g_alloc_count - 1].host_flags = flags;
+            g_host_live_bytes += bytesize;
+            g_counters.host_alloc++;
             *pp = p;
+        }
     }
-    trace("cuMemHostAlloc(%zu, %u) -> %d", bytesize, flags, rc);
+    trace("%s(%zu, %u) -> %d", name, bytesize, flags, rc);
     unlock();
     return rc;
+}
+
+static CUresult fk_cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
+{
+    return host_alloc(pp, bytesize, flags, "cuMemHostAlloc");
+}
+
+static CUresult fk_cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    return host_alloc(pp, bytesize, 0, "cuMemAllocHost_v2");
+}
+
+/* The pre-3.2 variant took a 32-bit size. */
+static CUresult fk_cuMemAllocHost(void **pp, unsigned int bytesize)
+{
+    return host_alloc(pp, bytesize, 0, "cuMemAllocHost");
 }
 
 static CUresult fk_cuMemFreeHost(void *p)
@@ -789,13 +838,81 @@ static CUresult fk_cuMemFreeHost(void *p)
     size_t index;
     struct fake_alloc *a = find_alloc_base((uintptr_t)p, &index);
     CUresult rc = CUDA_SUCCESS;
-    if (!a || a->kind != ALLOC_HOST)
+    if (!current_ctx())
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+    else if (!a || a->kind != ALLOC_HOST) {
         rc = CUDA_ERROR_INVALID_VALUE;
-    else {
+        g_counters.host_free_errors++;
+    } else {
+        g_host_live_bytes -= a->size;
+        g_counters.host_free++;
         free(p);
         remove_alloc(index);
     }
     trace("cuMemFreeHost(%p) -> %d", p, rc);
+    unlock();
+    return rc;
+}
+
+static struct fake_registration *find_registration(uintptr_t p, size_t n, size_t *index)
+{
+    for (size_t i = 0; i < g_reg_count; i++)
+        if (p < g_regs[i].base + g_regs[i].size && g_regs[i].base < p + n) {
+            if (index)
+                *index = i;
+            return &g_regs[i];
+        }
+    return NULL;
+}
+
+static CUresult fk_cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)
+{
+    lock();
+    REQUIRE_INIT();
+    CUresult rc = CUDA_SUCCESS;
+    if (!current_ctx())
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+    else if (!p || bytesize == 0)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else if (find_registration((uintptr_t)p, bytesize, NULL))
+        rc = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    else if (g_reg_count == g_reg_cap) {
+        size_t cap = g_reg_cap ? g_reg_cap * 2 : 16;
+        struct fake_registration *r = realloc(g_regs, cap * sizeof *r);
+        if (!r)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else {
+            g_regs = r;
+            g_reg_cap = cap;
+        }
+    }
+    if (rc == CUDA_SUCCESS) {
+        g_regs[g_reg_count].base = (uintptr_t)p;
+        g_regs[g_reg_count].size = bytesize;
+        g_reg_count++;
+        g_counters.host_register++;
+    }
+    trace("cuMemHostRegister_v2(%p, %zu, %u) -> %d", p, bytesize, flags, rc);
+    unlock();
+    return rc;
+}
+
+static CUresult fk_cuMemHostUnregister(void *p)
+{
+    lock();
+    REQUIRE_INIT();
+    size_t index = 0;
+    struct fake_registration *r = find_registration((uintptr_t)p, 1, &index);
+    CUresult rc = CUDA_SUCCESS;
+    if (!current_ctx())
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+    else if (!r || r->base != (uintptr_t)p)
+        rc = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    else {
+        g_regs[index] = g_regs[--g_reg_count];
+        g_counters.host_unregister++;
+    }
+    trace("cuMemHostUnregister(%p) -> %d", p, rc);
     unlock();
     return rc;
 }
@@ -2096,7 +2213,11 @@ static const struct proc_entry g_procs[] = {
     PROC("cuMemGetAddressRange", 3020, fk_cuMemGetAddressRange_v2),
     PROC("cuMemAllocManaged", 6000, fk_cuMemAllocManaged),
     PROC("cuMemHostAlloc", 2020, fk_cuMemHostAlloc),
+    PROC("cuMemAllocHost", 2000, fk_cuMemAllocHost),
+    PROC("cuMemAllocHost", 3020, fk_cuMemAllocHost_v2),
     PROC("cuMemFreeHost", 2000, fk_cuMemFreeHost),
+    PROC("cuMemHostRegister", 6050, fk_cuMemHostRegister_v2),
+    PROC("cuMemHostUnregister", 4000, fk_cuMemHostUnregister),
     PROC("cuMemAllocAsync", 11020, fk_cuMemAllocAsync),
     PROC_PTSZ("cuMemAllocAsync", 11020, fk_cuMemAllocAsync_ptsz),
     PROC("cuMemFreeAsync", 11020, fk_cuMemFreeAsync),
@@ -2203,6 +2324,7 @@ EXPORT void fake_cuda_counters(struct fake_cuda_counters *out)
 {
     lock();
     g_counters.live_bytes = sum_live_bytes();
+    g_counters.host_live_bytes = g_host_live_bytes;
     g_counters.vmm_reservations = g_res_count;
     g_counters.vmm_handles = g_handle_count;
     g_counters.vmm_mappings = g_map_count;
@@ -2216,6 +2338,7 @@ EXPORT void fake_cuda_reset_counters(void)
     lock();
     memset(&g_counters, 0, sizeof g_counters);
     g_counters.live_bytes = sum_live_bytes();
+    g_counters.host_live_bytes = g_host_live_bytes;
     g_counters.vmm_reservations = g_res_count;
     g_counters.vmm_handles = g_handle_count;
     g_counters.vmm_mappings = g_map_count;
@@ -2241,6 +2364,30 @@ EXPORT void fake_cuda_fail_next_alloc(int code)
     lock();
     g_fail_next_alloc = code;
     unlock();
+}
+
+EXPORT void fake_cuda_fail_next_host_alloc(int code)
+{
+    lock();
+    g_fail_next_host_alloc = code;
+    unlock();
+}
+
+EXPORT int fake_cuda_host_flags(const void *ptr)
+{
+    lock();
+    struct fake_alloc *a = find_alloc_containing((uintptr_t)ptr);
+    int flags = a && a->kind == ALLOC_HOST ? (int)a->host_flags : -1;
+    unlock();
+    return flags;
+}
+
+EXPORT int fake_cuda_host_registered(const void *ptr)
+{
+    lock();
+    int found = find_registration((uintptr_t)ptr, 1, NULL) != NULL;
+    unlock();
+    return found;
 }
 
 EXPORT void fake_cuda_fail_vmm(int fn, int nth, int count, int code)
@@ -2309,7 +2456,11 @@ EXPORT_ALIAS(cuMemAllocAsync_ptsz);
 EXPORT_ALIAS(cuMemFreeAsync);
 EXPORT_ALIAS(cuMemFreeAsync_ptsz);
 EXPORT_ALIAS(cuMemHostAlloc);
+EXPORT_ALIAS(cuMemAllocHost_v2);
+EXPORT_ALIAS(cuMemAllocHost);
 EXPORT_ALIAS(cuMemFreeHost);
+EXPORT_ALIAS(cuMemHostRegister_v2);
+EXPORT_ALIAS(cuMemHostUnregister);
 EXPORT_ALIAS(cuMemGetInfo_v2);
 EXPORT_ALIAS(cuMemGetInfo);
 EXPORT_ALIAS(cuMemGetAddressRange_v2);

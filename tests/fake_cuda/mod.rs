@@ -93,6 +93,13 @@ pub struct FakeCudaCounters {
     pub vmm_errors: u64,
     pub vmm_exports: u64,
     pub vmm_imports: u64,
+    /// Page-locked host memory: calls, and bytes alive now.
+    pub host_alloc: u64,
+    pub host_free: u64,
+    pub host_free_errors: u64,
+    pub host_live_bytes: u64,
+    pub host_register: u64,
+    pub host_unregister: u64,
 }
 
 /// The fake's VMM functions, for [`FakeCuda::fail_vmm`] (`enum fake_cuda_vmm_fn`).
@@ -122,6 +129,8 @@ pub struct FakeCuda {
     set_vmm_supported: unsafe extern "C" fn(c_int),
     vmm_access: unsafe extern "C" fn(u64, c_int) -> c_int,
     peer_access: unsafe extern "C" fn(c_int, c_int) -> c_int,
+    fail_next_host_alloc: unsafe extern "C" fn(c_int),
+    host_flags: unsafe extern "C" fn(*const c_void) -> c_int,
 }
 
 impl FakeCuda {
@@ -162,6 +171,10 @@ impl FakeCuda {
                 )?),
                 vmm_access: core::mem::transmute::<*mut c_void, _>(sym(c"fake_cuda_vmm_access")?),
                 peer_access: core::mem::transmute::<*mut c_void, _>(sym(c"fake_cuda_peer_access")?),
+                fail_next_host_alloc: core::mem::transmute::<*mut c_void, _>(sym(
+                    c"fake_cuda_fail_next_host_alloc",
+                )?),
+                host_flags: core::mem::transmute::<*mut c_void, _>(sym(c"fake_cuda_host_flags")?),
             })
         }
     }
@@ -226,6 +239,19 @@ impl FakeCuda {
     pub fn peer_access(&self, from: i32, to: i32) -> bool {
         // SAFETY: plain value arguments.
         unsafe { (self.peer_access)(from, to) != 0 }
+    }
+
+    /// Makes the next page-locked host allocation fail with CUresult `code` (0 cancels).
+    pub fn fail_next_host_alloc(&self, code: i32) {
+        // SAFETY: plain value argument.
+        unsafe { (self.fail_next_host_alloc)(code) }
+    }
+
+    /// The `cuMemHostAlloc` flags of the fake's host allocation containing `ptr`.
+    pub fn host_flags(&self, ptr: u64) -> Option<u32> {
+        // SAFETY: the fake only looks the address up.
+        let f = unsafe { (self.host_flags)(ptr as usize as *const c_void) };
+        (f >= 0).then_some(f as u32)
     }
 }
 

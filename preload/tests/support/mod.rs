@@ -151,18 +151,30 @@ fn warnings() -> [&'static std::ffi::OsStr; 4] {
 
 /// The driver client built for `reach`.
 pub fn driver_program(reach: Reach) -> PathBuf {
-    static BUILT: Mutex<BTreeMap<&'static str, PathBuf>> = Mutex::new(BTreeMap::new());
-    let (name, define) = match reach {
-        Reach::GetProcAddress => ("driver_program_gpa", "-DREACH_GPA"),
-        Reach::Dlsym => ("driver_program_dlsym", "-DREACH_DLSYM"),
-        Reach::Linked => ("driver_program_linked", "-DREACH_LINKED"),
+    reach_program("driver_program", reach)
+}
+
+/// The pinned host memory client (tests/c/pinned_program.c) built for `reach`.
+pub fn pinned_program(reach: Reach) -> PathBuf {
+    reach_program("pinned_program", reach)
+}
+
+/// `tests/c/<program>.c`, a driver client that reaches the driver the way `reach` says,
+/// built once per test binary.
+fn reach_program(program: &'static str, reach: Reach) -> PathBuf {
+    static BUILT: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+    let (suffix, define) = match reach {
+        Reach::GetProcAddress => ("gpa", "-DREACH_GPA"),
+        Reach::Dlsym => ("dlsym", "-DREACH_DLSYM"),
+        Reach::Linked => ("linked", "-DREACH_LINKED"),
     };
+    let name = format!("{program}_{suffix}");
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = built.get(name) {
+    if let Some(p) = built.get(&name) {
         return p.clone();
     }
-    let exe = scratch().join(name);
-    let source = Path::new(C_DIR).join("driver_program.c");
+    let exe = scratch().join(&name);
+    let source = Path::new(C_DIR).join(format!("{program}.c"));
     let include_api = workspace_root().join("include");
     let include_fake = workspace_root().join("tests/fake_cuda");
     let fake = fake_libcuda_dir();
@@ -184,7 +196,7 @@ pub fn driver_program(reach: Reach) -> PathBuf {
         args.push(lib_dir.as_ref());
         args.push("-lcuda".as_ref());
     }
-    run_cc(&args, name);
+    run_cc(&args, &name);
     built.insert(name, exe.clone());
     exe
 }

@@ -17,6 +17,7 @@
 //! allocates, and a lower bound within one thread's swing under concurrency.
 
 pub mod pinned;
+mod print;
 pub use pinned::{CupoolHostStats, CUPOOL_HOST_STATS_VERSION};
 
 /// Version of [`CupoolStats`] this library writes. Bumped when fields are added at the end.
@@ -153,57 +154,33 @@ impl CupoolStats {
 
     /// JSON object with one key per field; levels are `{"current":..,"peak":..}`.
     pub fn to_json(&self) -> String {
-        use core::fmt::Write;
         let mut out = String::with_capacity(896);
         out.push('{');
-        let mut first = true;
         macro_rules! field {
             ($f:ident, level) => {
-                if !first {
-                    out.push(',');
-                }
-                first = false;
-                let _ = write!(
-                    out,
-                    "\"{}\":{{\"current\":{},\"peak\":{}}}",
-                    stringify!($f),
-                    self.$f.current,
-                    self.$f.peak
-                );
+                print::json_level(&mut out, stringify!($f), self.$f);
             };
             ($f:ident, $kind:ident) => {
-                if !first {
-                    out.push(',');
-                }
-                first = false;
-                let _ = write!(out, "\"{}\":{}", stringify!($f), self.$f);
+                print::json_value(&mut out, stringify!($f), self.$f);
             };
         }
         for_each_stat_field!(field);
-        let _ = first;
         out.push('}');
         out
     }
 
     /// Human-readable table, one field per line.
     pub fn to_text(&self) -> String {
-        use core::fmt::Write;
         let mut out = String::with_capacity(1536);
         macro_rules! field {
             ($f:ident, level) => {
-                let _ = writeln!(
-                    out,
-                    "{:<20} current {:>16}  peak {:>16}",
-                    stringify!($f),
-                    self.$f.current,
-                    self.$f.peak
-                );
+                print::text_level(&mut out, stringify!($f), self.$f);
             };
             ($f:ident, count) => {
-                let _ = writeln!(out, "{:<20} {:>24}", stringify!($f), self.$f);
+                print::text_count(&mut out, stringify!($f), self.$f);
             };
             ($f:ident, gauge) => {
-                let _ = writeln!(out, "{:<20} current {:>16}", stringify!($f), self.$f);
+                print::text_gauge(&mut out, stringify!($f), self.$f);
             };
         }
         for_each_stat_field!(field);

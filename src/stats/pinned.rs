@@ -2,8 +2,7 @@
 //! A struct of its own, not fields appended to [`super::CupoolStats`]: that one is per
 //! device, and pinned memory belongs to no device.
 
-use super::CupoolStat;
-use core::fmt::Write;
+use super::{print, CupoolStat};
 
 /// Version of [`CupoolHostStats`] this library writes. Bumped when fields are added at the
 /// end.
@@ -88,22 +87,19 @@ impl CupoolHostStats {
 
     /// JSON object with one key per field; levels are `{"current":..,"peak":..}`.
     pub fn to_json(&self) -> String {
-        let mut fields = Vec::new();
+        let mut out = String::with_capacity(512);
+        out.push('{');
         macro_rules! field {
             ($f:ident, level) => {
-                fields.push(format!(
-                    "\"{}\":{{\"current\":{},\"peak\":{}}}",
-                    stringify!($f),
-                    self.$f.current,
-                    self.$f.peak
-                ));
+                print::json_level(&mut out, stringify!($f), self.$f);
             };
             ($f:ident, $kind:ident) => {
-                fields.push(format!("\"{}\":{}", stringify!($f), self.$f));
+                print::json_value(&mut out, stringify!($f), self.$f);
             };
         }
         for_each_host_stat_field!(field);
-        format!("{{{}}}", fields.join(","))
+        out.push('}');
+        out
     }
 
     /// Human-readable table, one field per line, in the layout of
@@ -112,19 +108,13 @@ impl CupoolHostStats {
         let mut out = String::with_capacity(1024);
         macro_rules! field {
             ($f:ident, level) => {
-                let _ = writeln!(
-                    out,
-                    "{:<20} current {:>16}  peak {:>16}",
-                    stringify!($f),
-                    self.$f.current,
-                    self.$f.peak
-                );
+                print::text_level(&mut out, stringify!($f), self.$f);
             };
             ($f:ident, count) => {
-                let _ = writeln!(out, "{:<20} {:>24}", stringify!($f), self.$f);
+                print::text_count(&mut out, stringify!($f), self.$f);
             };
             ($f:ident, gauge) => {
-                let _ = writeln!(out, "{:<20} current {:>16}", stringify!($f), self.$f);
+                print::text_gauge(&mut out, stringify!($f), self.$f);
             };
         }
         for_each_host_stat_field!(field);

@@ -170,7 +170,7 @@ impl DevicePool {
                 }
                 let st = &mut sh.streams[pos];
                 st.index(kind).remove(&BLOCKS, own);
-                BLOCKS.get(own).data().place = Place::Allocated;
+                BLOCKS.get(own).set_place(Place::Allocated);
                 match self.split(&mut sh, own, size, kind, Place::FreeOnStream, true) {
                     Some(rest) => {
                         let st = &mut sh.streams[pos];
@@ -219,8 +219,8 @@ impl DevicePool {
     pub(super) fn hand_out(&self, c: &ThreadCounters, idx: BlockIdx, req: Request) -> u64 {
         let b = BLOCKS.get(idx);
         // SAFETY: the caller took `idx` out of every list; nobody else refers to it.
+        b.set_place(Place::Allocated);
         let d = unsafe { b.data() };
-        d.place = Place::Allocated;
         d.requested = req.requested;
         d.stream = req.stream.map_or(STREAMLESS, |s| s.id);
         d.handle = req.stream.map_or(0, |s| s.handle as u64);

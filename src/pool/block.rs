@@ -9,8 +9,18 @@
 //! block is free in the pool, the owning thread while it sits in that thread's cache, and
 //! the program (through whichever thread frees it) while it is allocated. The hand-over
 //! points are the pool lock, and the Release store / AcqRel CAS on `tag`.
+//!
+//! Note [place is atomic]: a record's [`Place`] is read by other threads: the pool lock's
+//! holder asks a neighbour whether it is free to merge with (the neighbour may be a block in
+//! use, or in another thread's cache), while the block's owner moves it between `Allocated`
+//! and `ThreadCache` without that lock. ThreadSanitizer reported those reads racing the
+//! owner's writes (44 reports in `tests/pool_threads.rs`): harmless for the decision (both
+//! of the owner's states mean "not free"), but a data race all the same. So the place lives
+//! beside `tag` as an atomic byte, read and written with relaxed order: the states that
+//! matter to the pool (free in the pool) are only entered and left under its lock, which
+//! orders them.
 
-use crate::sync::{AtomicPtr, AtomicU64};
+use crate::sync::{AtomicPtr, AtomicU64, AtomicU8};
 use core::cell::UnsafeCell;
 use core::sync::atomic::Ordering;
 
@@ -25,6 +35,7 @@ const TAG_STATE_MASK: u64 = 0x1ff;
 
 /// Where a block is while the program does not hold it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Place {
     /// Handed to the program.
     Allocated,
@@ -40,6 +51,23 @@ pub enum Place {
     ThreadCache,
     /// The record is not in use.
     Unused,
+}
+
+impl Place {
+    /// Every place, in discriminant order.
+    const ALL: [Place; 6] = [
+        Place::Allocated,
+        Place::FreeShared,
+        Place::FreeOnStream,
+        Place::AwaitingFence,
+        Place::ThreadCache,
+        Place::Unused,
+    ];
+
+    /// The place stored as `v` (only ever a discriminant written by [`Block::set_place`]).
+    fn from_u8(v: u8) -> Place {
+        Self::ALL[(v as usize).min(Self::ALL.len() - 1)]
+    }
 }
 
 /// Whether a block was carved from a small-block segment or a large one.
@@ -76,7 +104,6 @@ pub struct BlockData {
     /// The device pool the block belongs to.
     pub pool: u16,
     pub kind: SegmentKind,
-    pub place: Place,
     /// Whether this record starts its segment (the segment's driver allocation).
     pub segment_head: bool,
     /// Size of the driver allocation, on the segment head only.
@@ -99,20 +126,18 @@ impl BlockData {
         fifo_next: NIL,
         pool: 0,
         kind: SegmentKind::Small,
-        place: Place::Unused,
         segment_head: false,
         segment_size: 0,
     };
 
     /// The record of a new segment (a driver allocation, or the VMM arena) of `size` bytes
-    /// at `ptr`, one block covering all of it, in `place`.
-    pub fn segment_head(ptr: u64, size: u64, pool: u16, kind: SegmentKind, place: Place) -> Self {
+    /// at `ptr`, one block covering all of it (its place is set on the record).
+    pub fn segment_head(ptr: u64, size: u64, pool: u16, kind: SegmentKind) -> Self {
         BlockData {
             ptr,
             size,
             pool,
             kind,
-            place,
             segment_head: true,
             segment_size: size,
             ..Self::EMPTY
@@ -129,6 +154,8 @@ pub struct Block {
     /// `ptr | TAG_ALLOCATED` while the program holds the block, `ptr | TAG_FREE` otherwise,
     /// 0 while the record is unused.
     pub tag: AtomicU64,
+    /// A [`Place`] (Note [place is atomic]).
+    place: AtomicU8,
     data: UnsafeCell<BlockData>,
 }
 
@@ -140,6 +167,7 @@ impl Block {
     fn new() -> Self {
         Block {
             tag: AtomicU64::new(0),
+            place: AtomicU8::new(Place::Unused as u8),
             data: UnsafeCell::new(BlockData::EMPTY),
         }
     }
@@ -152,6 +180,18 @@ impl Block {
     #[inline]
     pub unsafe fn data(&self) -> &mut BlockData {
         &mut *self.data.get()
+    }
+
+    /// Where the block is (Note [place is atomic]).
+    #[inline]
+    pub fn place(&self) -> Place {
+        Place::from_u8(self.place.load(Ordering::Relaxed))
+    }
+
+    /// Moves the block to `place`: by the pool under its lock, or by the block's owner.
+    #[inline]
+    pub fn set_place(&self, place: Place) {
+        self.place.store(place as u8, Ordering::Relaxed);
     }
 
     /// Marks the block handed to the program (Release: its fields, written by the
@@ -306,6 +346,7 @@ impl BlockTable {
     pub fn clear(&self, idx: BlockIdx) {
         let b = self.get(idx);
         b.tag.store(0, Ordering::Release);
+        b.set_place(Place::Unused);
         // SAFETY: the caller owned the block and gives it up here.
         unsafe { *b.data() = BlockData::EMPTY };
     }
@@ -329,3 +370,22 @@ impl Default for BlockTable {
 
 /// An array of `NIL`s, for initialising fixed-size index arrays in constants.
 pub const BLOCK_NIL_ARRAY: [BlockIdx; 8] = [NIL; 8];
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_records_place_reads_back_and_clears_to_unused() {
+        let table = BlockTable::new();
+        let idx = table.allocate().expect("a record");
+        let b = table.get(idx);
+        for place in Place::ALL {
+            b.set_place(place);
+            assert_eq!(b.place(), place);
+        }
+        b.set_place(Place::FreeShared);
+        table.clear(idx);
+        assert_eq!(table.get(idx).place(), Place::Unused);
+    }
+}

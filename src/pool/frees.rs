@@ -18,8 +18,8 @@ impl DevicePool {
         let mut sh = self.shared.lock();
         let clock = sh.clock;
         for &idx in blocks {
+            BLOCKS.get(idx).set_place(Place::FreeOnStream);
             let d = BLOCKS.get(idx).data();
-            d.place = Place::FreeOnStream;
             d.stream = s.id;
             d.requested = 0;
             d.free_epoch = clock;
@@ -49,11 +49,15 @@ impl DevicePool {
         // stream's own pieces merge there.
         let arena = sh.arena.as_ref().map(|a| (a.base, a.size));
         let in_arena = |p: u64| arena.is_some_and(|(base, size)| p >= base && p - base < size);
+        // Note [place is atomic]: the neighbour's place first; its other fields only once
+        // it is known to be the pool's (free).
         let mergeable = |n: BlockIdx| {
             n != NIL && {
-                let nd = BLOCKS.get(n).data();
-                (nd.place == Place::FreeShared && !in_arena(nd.ptr))
-                    || (nd.place == Place::FreeOnStream && nd.stream == s.id)
+                match BLOCKS.get(n).place() {
+                    Place::FreeShared => !in_arena(BLOCKS.get(n).data().ptr),
+                    Place::FreeOnStream => BLOCKS.get(n).data().stream == s.id,
+                    _ => false,
+                }
             }
         };
         // Takes neighbour `n` out of its list before it merges into a block outside the
@@ -61,8 +65,8 @@ impl DevicePool {
         // granules become pinned, and the junction granule is counted once (Note [vmm
         // arena]).
         let take = |sh: &mut Shared, n: BlockIdx, junction: u64| {
+            let shared = BLOCKS.get(n).place() == Place::FreeShared;
             let nd = BLOCKS.get(n).data();
-            let shared = nd.place == Place::FreeShared;
             if shared {
                 sh.index(kind).remove(&BLOCKS, n);
             } else {
@@ -82,8 +86,8 @@ impl DevicePool {
             take(sh, prev, BLOCKS.get(idx).data().ptr);
             let epoch = BLOCKS.get(idx).data().free_epoch;
             Self::absorb_next(sh, prev);
+            BLOCKS.get(prev).set_place(Place::FreeOnStream);
             let d = BLOCKS.get(prev).data();
-            d.place = Place::FreeOnStream;
             d.stream = s.id;
             d.free_epoch = epoch;
             idx = prev;
@@ -104,8 +108,8 @@ impl DevicePool {
     pub unsafe fn free_to_fence(&self, idx: BlockIdx, cross_stream: bool) {
         let seal = {
             let mut sh = self.shared.lock();
+            BLOCKS.get(idx).set_place(Place::AwaitingFence);
             let d = BLOCKS.get(idx).data();
-            d.place = Place::AwaitingFence;
             d.requested = 0;
             d.free_epoch = sh.clock;
             sh.fence_queue.push_back(&BLOCKS, idx);
@@ -184,8 +188,8 @@ impl DevicePool {
             return;
         }
         for &idx in blocks {
+            BLOCKS.get(idx).set_place(Place::AwaitingFence);
             let d = BLOCKS.get(idx).data();
-            d.place = Place::AwaitingFence;
             d.requested = 0;
             d.stream = STREAMLESS;
             d.free_epoch = sh.clock;

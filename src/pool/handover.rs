@@ -31,8 +31,8 @@ impl DevicePool {
         let idx = cache.take(self.index, stream.id, size)?;
         let b = BLOCKS.get(idx);
         // SAFETY: the block came out of this thread's cache: this thread owns it.
+        b.set_place(Place::Allocated);
         let d = unsafe { b.data() };
-        d.place = Place::Allocated;
         d.requested = requested;
         d.stream = stream.id;
         d.handle = stream.handle as u64;
@@ -58,8 +58,8 @@ impl DevicePool {
         let idx = cache.take_streamless(self, size)?;
         let b = BLOCKS.get(idx);
         // SAFETY: the block came out of this thread's cache: this thread owns it.
+        b.set_place(Place::Allocated);
         let d = unsafe { b.data() };
-        d.place = Place::Allocated;
         d.requested = requested;
         d.stream = super::STREAMLESS;
         d.handle = 0;

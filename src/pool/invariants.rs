@@ -32,11 +32,12 @@ impl DevicePool {
                     if ADDRESSES.get(d.ptr) != Some(idx) {
                         return Err(format!("block {:#x} missing from the address map", d.ptr));
                     }
-                    let shared = d.place == Place::FreeShared;
+                    let place = BLOCKS.get(idx).place();
+                    let shared = place == Place::FreeShared;
                     if shared && prev_shared {
                         return Err(format!("block {:#x}: free neighbours not merged", d.ptr));
                     }
-                    match d.place {
+                    match place {
                         Place::Allocated => report.allocated += d.size,
                         Place::FreeShared => report.shared += d.size,
                         Place::FreeOnStream => report.on_stream += d.size,
@@ -61,7 +62,7 @@ impl DevicePool {
                         let mut idx = head;
                         while idx != NIL {
                             let d = BLOCKS.get(idx).data();
-                            if d.place != Place::FreeShared {
+                            if BLOCKS.get(idx).place() != Place::FreeShared {
                                 for g in a.granules(d.ptr, d.size) {
                                     expected[g] += 1;
                                 }

@@ -49,7 +49,7 @@ impl DevicePool {
                     .filter(|&(base, _)| !sh.exported.contains(base))
                     .filter_map(|(&base, &idx)| {
                         let d = BLOCKS.get(idx).data();
-                        let whole = d.place == Place::FreeShared
+                        let whole = BLOCKS.get(idx).place() == Place::FreeShared
                             && d.seg_next == NIL
                             && d.size == d.segment_size;
                         whole.then_some((base, idx, d.segment_size))
@@ -119,8 +119,8 @@ impl DevicePool {
         };
         // SAFETY: the record is new and ours; pool lock held.
         unsafe {
-            *BLOCKS.get(idx).data() =
-                BlockData::segment_head(ptr, size, self.index, kind, Place::FreeShared);
+            *BLOCKS.get(idx).data() = BlockData::segment_head(ptr, size, self.index, kind);
+            BLOCKS.get(idx).set_place(Place::FreeShared);
             BLOCKS.get(idx).publish_free(ptr);
             ADDRESSES.set(ptr, idx);
             sh.segments.insert(ptr, idx);

@@ -43,7 +43,7 @@ impl DevicePool {
         };
         sh.index(kind).remove(&BLOCKS, idx);
         // Taken: a remainder split off below must not merge back into it.
-        BLOCKS.get(idx).data().place = Place::Allocated;
+        BLOCKS.get(idx).set_place(Place::Allocated);
         if offset > 0 {
             // The request goes further in: the free part before it stays in the index.
             if let Some(rest) = self.split(sh, idx, offset, kind, Place::Allocated, false) {
@@ -101,7 +101,7 @@ impl DevicePool {
         r.ptr = d.ptr + size;
         r.size = rest_size;
         r.requested = 0;
-        r.place = rest_place;
+        BLOCKS.get(rest).set_place(rest_place);
         r.segment_head = false;
         r.segment_size = 0;
         r.seg_prev = idx;
@@ -142,18 +142,18 @@ impl DevicePool {
         }
         let kind = d.kind;
         let prev = d.seg_prev;
-        if prev != NIL && BLOCKS.get(prev).data().place == Place::FreeShared {
+        if prev != NIL && BLOCKS.get(prev).place() == Place::FreeShared {
             sh.index(kind).remove(&BLOCKS, prev);
             Self::absorb_next(sh, prev);
             idx = prev;
         }
         let next = BLOCKS.get(idx).data().seg_next;
-        if next != NIL && BLOCKS.get(next).data().place == Place::FreeShared {
+        if next != NIL && BLOCKS.get(next).place() == Place::FreeShared {
             sh.index(kind).remove(&BLOCKS, next);
             Self::absorb_next(sh, idx);
         }
+        BLOCKS.get(idx).set_place(Place::FreeShared);
         let d = BLOCKS.get(idx).data();
-        d.place = Place::FreeShared;
         d.stream = 0;
         d.requested = 0;
         sh.index(kind).insert(&BLOCKS, idx);
@@ -282,8 +282,8 @@ impl DevicePool {
         let mut sh = self.shared.lock();
         // SAFETY: the record is new and ours; pool lock held.
         unsafe {
-            *BLOCKS.get(idx).data() =
-                BlockData::segment_head(ptr, seg_size, self.index, kind, place);
+            *BLOCKS.get(idx).data() = BlockData::segment_head(ptr, seg_size, self.index, kind);
+            BLOCKS.get(idx).set_place(place);
             BLOCKS.get(idx).publish_free(ptr);
             ADDRESSES.set(ptr, idx);
         }

@@ -225,8 +225,8 @@ impl ThreadCache {
         let slot = &mut self.slots[pos];
         let bin = &mut slot.bins[class];
         // SAFETY: the caller owns the block and hands it to this thread's cache.
+        BLOCKS.get(idx).set_place(Place::ThreadCache);
         let d = unsafe { BLOCKS.get(idx).data() };
-        d.place = Place::ThreadCache;
         d.stream = stream.id;
         bin.items[bin.len as usize] = idx;
         bin.len += 1;

@@ -156,13 +156,9 @@ impl DevicePool {
         let mut sh = self.shared.lock();
         // SAFETY: the record is new and ours; pool lock held.
         unsafe {
-            *BLOCKS.get(idx).data() = BlockData::segment_head(
-                base,
-                size,
-                self.index,
-                SegmentKind::Large,
-                Place::FreeShared,
-            );
+            *BLOCKS.get(idx).data() =
+                BlockData::segment_head(base, size, self.index, SegmentKind::Large);
+            BLOCKS.get(idx).set_place(Place::FreeShared);
             BLOCKS.get(idx).publish_free(base);
             ADDRESSES.set(base, idx);
             sh.segments.insert(base, idx);
@@ -496,7 +492,7 @@ impl DevicePool {
                 match head {
                     Some(idx)
                         if held == 0
-                            && BLOCKS.get(idx).data().place == Place::FreeShared
+                            && BLOCKS.get(idx).place() == Place::FreeShared
                             && BLOCKS.get(idx).data().size == size =>
                     {
                         sh.large.remove(&BLOCKS, idx);

@@ -126,8 +126,8 @@ impl ThreadCache {
             }
         };
         // SAFETY: the caller owns the block and hands it to this thread's cache.
+        BLOCKS.get(idx).set_place(Place::ThreadCache);
         let d = unsafe { BLOCKS.get(idx).data() };
-        d.place = Place::ThreadCache;
         d.stream = STREAMLESS;
         let b = &mut self.kept[k];
         b.items[b.len as usize] = idx;

@@ -196,15 +196,16 @@ impl Runtime {
         result
     }
 
+    /// The calling thread's current context, if it has one (none is made for it).
+    fn existing_context(&self) -> Result<Option<ContextInfo>> {
+        self.backend.existing_context().map_err(CupoolStatus::from)
+    }
+
     /// Streamless allocation only in a context the calling thread already has current;
     /// `Ok(None)` when it has none. For the interposer: a program's `cuMemAlloc` without a
     /// current context must get the driver's own answer, not a context made for it.
     pub fn alloc_if_context_current(&self, size: usize) -> Result<Option<DevicePtr>> {
-        let Some(ctx) = self
-            .backend
-            .existing_context()
-            .map_err(CupoolStatus::from)?
-        else {
+        let Some(ctx) = self.existing_context()? else {
             return Ok(None);
         };
         let result = Self::rounded(size)
@@ -554,9 +555,7 @@ impl Runtime {
     /// access covers them.)
     pub fn peer_access_enabled(&self, peer: ContextId) -> Result<()> {
         let caller = self
-            .backend
-            .existing_context()
-            .map_err(CupoolStatus::from)?
+            .existing_context()?
             .ok_or(CupoolStatus::CupoolErrorInvalidValue)?;
         if caller.id == peer {
             return Ok(());
@@ -577,9 +576,7 @@ impl Runtime {
     /// device access; what was granted stays.
     pub fn peer_access_disabled(&self, peer: ContextId) -> Result<()> {
         let caller = self
-            .backend
-            .existing_context()
-            .map_err(CupoolStatus::from)?
+            .existing_context()?
             .ok_or(CupoolStatus::CupoolErrorInvalidValue)?;
         if caller.id != peer {
             self.backend.set_peer_access(peer, caller.device, false);

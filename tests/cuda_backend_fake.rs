@@ -8,24 +8,7 @@ mod fake_cuda;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-use fake_cuda::{build_fake_libcuda, is_child, run_child, FakeCuda};
-
-/// Runs `body` in a child process with the fake on the library path (and `env`), or, in
-/// that child, runs `body` itself.
-fn in_child_with_fake(test_name: &str, env: &[(&str, &str)], body: fn()) {
-    if is_child() {
-        body();
-        return;
-    }
-    let dir = build_fake_libcuda();
-    let (status, output) = run_child(test_name, Some(&dir), env);
-    assert!(status.success(), "child {test_name} failed:\n{output}");
-    // The child ran exactly the one test (a typo in the name would run none and pass).
-    assert!(
-        output.contains("1 passed"),
-        "child {test_name} did not run:\n{output}"
-    );
-}
+use fake_cuda::{in_child_with_fake, is_child, run_child, FakeCuda};
 
 // ---- the fake itself -------------------------------------------------------------------
 

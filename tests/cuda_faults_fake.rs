@@ -17,36 +17,20 @@ mod random_ops;
 
 use cupool::runtime::runtime;
 use cupool::CupoolStatus;
-use fake_cuda::{build_fake_libcuda, is_child, run_child, FakeCuda, VmmFn};
+use fake_cuda::{in_child_with_fake, FakeCuda, VmmFn};
 use random_ops::{check_every_50, Live, Rng};
 
 const OUT_OF_MEMORY: i32 = 2;
 const LAUNCH_FAILED: i32 = 719;
 
 fn in_child(test_name: &str, conf: &str, body: fn()) {
-    if is_child() {
-        body();
-        return;
-    }
-    let dir = build_fake_libcuda();
     let seeds = std::env::var("CUPOOL_FAULT_SEEDS").unwrap_or_default();
-    let (status, output) = run_child(
-        test_name,
-        Some(&dir),
-        &[
-            ("CUPOOL_CONF", conf),
-            ("FAKE_CUDA_TOTAL_BYTES", "1073741824"),
-            ("CUPOOL_FAULT_SEEDS", &seeds),
-        ],
-    );
-    assert!(status.success(), "child {test_name} failed:\n{output}");
-    assert!(
-        output.contains("1 passed"),
-        "child {test_name} did not run:\n{output}"
-    );
-    for line in output.lines().filter(|l| l.contains("faults injected")) {
-        eprintln!("{line}");
-    }
+    let env = [
+        ("CUPOOL_CONF", conf),
+        ("FAKE_CUDA_TOTAL_BYTES", "1073741824"),
+        ("CUPOOL_FAULT_SEEDS", &seeds),
+    ];
+    in_child_with_fake(test_name, &env, body);
 }
 
 fn sequences(vmm: bool) {

@@ -9,28 +9,12 @@ mod fake_cuda;
 use cupool::backend::cuda::CudaBackend;
 use cupool::backend::{Backend, BackendError};
 use cupool::CupoolStatus;
-use fake_cuda::{build_fake_libcuda, is_child, run_child, FakeCuda};
+use fake_cuda::{in_child_with_fake, FakeCuda};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 /// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`.
 const PORTABLE_DEVICEMAP: u32 = 3;
-
-/// Runs `body` in a child process with the fake on the library path (and `env`), or, in
-/// that child, runs `body` itself.
-fn in_child_with_fake(test_name: &str, env: &[(&str, &str)], body: fn()) {
-    if is_child() {
-        body();
-        return;
-    }
-    let dir = build_fake_libcuda();
-    let (status, output) = run_child(test_name, Some(&dir), env);
-    assert!(status.success(), "child {test_name} failed:\n{output}");
-    assert!(
-        output.contains("1 passed"),
-        "child {test_name} did not run:\n{output}"
-    );
-}
 
 #[test]
 fn backend_allocates_portable_mapped_pinned_memory() {

@@ -15,7 +15,7 @@ use std::ffi::{c_int, c_void, CStr};
 use cupool::backend::{ContextInfo, DevicePtr};
 use cupool::runtime::{runtime, Runtime};
 use cupool::CupoolStatus;
-use fake_cuda::{build_fake_libcuda, is_child, run_child, FakeCuda, VmmFn};
+use fake_cuda::{in_child_with_fake, FakeCuda, VmmFn};
 
 const MIB: u64 = 1 << 20;
 /// The fake's granularity.
@@ -24,19 +24,9 @@ const G: u64 = 2 * MIB;
 /// Runs `body` in a child process with the fake on the library path, `CUPOOL_CONF=vmm:on`
 /// (cuda backend) and `env`; in that child, runs `body` itself.
 fn in_child(test_name: &str, env: &[(&str, &str)], body: fn()) {
-    if is_child() {
-        body();
-        return;
-    }
-    let dir = build_fake_libcuda();
     let mut all = vec![("CUPOOL_CONF", "backend:cuda,vmm:on")];
     all.extend_from_slice(env);
-    let (status, output) = run_child(test_name, Some(&dir), &all);
-    assert!(status.success(), "child {test_name} failed:\n{output}");
-    assert!(
-        output.contains("1 passed"),
-        "child {test_name} did not run:\n{output}"
-    );
+    in_child_with_fake(test_name, &all, body);
 }
 
 fn fake_symbol(fake: &FakeCuda, name: &CStr) -> *mut c_void {

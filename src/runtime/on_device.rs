@@ -28,12 +28,7 @@ impl Runtime {
         if device < 0 {
             return Err(CupoolStatus::CupoolErrorInvalidDevice);
         }
-        if let Some(ctx) = self
-            .backend
-            .existing_context()
-            .map_err(CupoolStatus::from)?
-            .filter(|c| c.device == device)
-        {
+        if let Some(ctx) = self.existing_context()?.filter(|c| c.device == device) {
             return Ok((ctx, true));
         }
         self.check_device(Some(device))?;

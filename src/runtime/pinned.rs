@@ -47,11 +47,7 @@ impl Runtime {
     /// `Ok(None)` when it has none (for the interposer: the driver's own answer then).
     pub fn host_alloc_if_context_current(&self, size: usize) -> Result<Option<HostPtr>> {
         let size = Self::pinned_request(size)?;
-        let Some(ctx) = self
-            .backend
-            .existing_context()
-            .map_err(CupoolStatus::from)?
-        else {
+        let Some(ctx) = self.existing_context()? else {
             return Ok(None);
         };
         self.host_alloc_in(ctx, size, None).map(Some)

@@ -285,6 +285,23 @@ pub fn run_child(
     (out.status, text)
 }
 
+/// Runs `body` in a child process of this test binary with the fake on the library path
+/// (and `env`), and asserts that the child ran the test and passed; in that child, runs
+/// `body` itself.
+pub fn in_child_with_fake(test_name: &str, env: &[(&str, &str)], body: fn()) {
+    if is_child() {
+        body();
+        return;
+    }
+    let dir = build_fake_libcuda();
+    let (status, output) = run_child(test_name, Some(&dir), env);
+    assert!(status.success(), "child {test_name} failed:\n{output}");
+    assert!(
+        output.contains("1 passed"),
+        "child {test_name} did not run:\n{output}"
+    );
+}
+
 /// Whether this process is a child started by [`run_child`].
 pub fn is_child() -> bool {
     std::env::var_os("CUPOOL_TEST_CHILD").is_some()

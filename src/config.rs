@@ -147,14 +147,17 @@ pub enum Key {
     Vmm,
     VmmChunk,
     VmmChunkSplit,
+    LegacyOrder,
     HostAutoComplete,
     Verbose,
 }
 
 pub const BACKENDS: &[&str] = &["cuda", "host"];
 pub const VMM_MODES: &[&str] = &["off", "on"];
+/// Values of `legacy_order`, by index.
+pub const LEGACY_ORDER_MODES: &[&str] = &["off", "on"];
 
-pub static OPTIONS: [OptionDesc; 18] = [
+pub static OPTIONS: [OptionDesc; 19] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -266,6 +269,13 @@ pub static OPTIONS: [OptionDesc; 18] = [
         kind: ValueKind::Count,
         doc: "With `vmm:on`: new physical memory for a run of N unmapped granules is created in pieces of up to N / this many granules when that is more than `vmm_chunk`, so a huge block's memory moves later in a few large pieces (fewer driver calls) while small blocks still get `vmm_chunk` pieces. 0 keeps every piece at `vmm_chunk` (docs/BENCHMARKS.md).",
         runtime: true,
+    },
+    OptionDesc {
+        key: "legacy_order",
+        default: "off",
+        kind: ValueKind::Choice(LEGACY_ORDER_MODES),
+        doc: "`on`: while every piece of device work of the process is in the legacy default stream's order (no stream created yet), a streamless free is a free on the legacy stream: the block is reused at once by the next allocation, with no context fence, as a single-stream caching allocator would (Note [legacy order] in `src/runtime/legacy_order.rs`). The first stream created (seen by `libcupool_preload.so`'s hooks) or the first pool call on another stream ends it for good, after one wait for the device's queued work. For programs that never use per-thread default streams (`--default-stream per-thread`, or `cudaStreamPerThread` from several threads), which nothing can detect: off by default for that reason. PyTorch creates a stream inside cuBLASLt at its first matrix product, so it ends there (docs/BENCHMARKS.md). `off`: every streamless free waits for a context fence. Read when the pool starts.",
+        runtime: false,
     },
     OptionDesc {
         key: "host_auto_complete",

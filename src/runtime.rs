@@ -17,6 +17,7 @@ use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub mod ipc;
 mod layout;
+pub mod legacy_order;
 mod lifecycle;
 mod on_device;
 mod pinned;
@@ -98,6 +99,7 @@ fn start() -> core::result::Result<Runtime, CupoolStatus> {
         }
     }
     crate::trace::record::start_from_env();
+    legacy_order::begin_from_config();
     let backend_name = config::BACKENDS
         .get(config::get(Key::Backend) as usize)
         .copied()
@@ -188,7 +190,7 @@ impl Runtime {
             let rounded = Self::rounded(size)?;
             let pool = self.current_pool()?;
             device = pool.ctx.device;
-            Self::alloc_streamless(pool, rounded, size)
+            self.alloc_without_stream(pool, rounded, size)
         })();
         if record::active() {
             trace_allocation(result, size, Seen::device(device), None);
@@ -209,11 +211,28 @@ impl Runtime {
             return Ok(None);
         };
         let result = Self::rounded(size)
-            .and_then(|rounded| Self::alloc_streamless(self.pool_of(ctx)?, rounded, size));
+            .and_then(|rounded| self.alloc_without_stream(self.pool_of(ctx)?, rounded, size));
         if record::active() {
             trace_allocation(result, size, Seen::device(ctx.device), None);
         }
         result.map(Some)
+    }
+
+    /// A streamless allocation: on the legacy stream while legacy order holds (Note
+    /// [legacy order]), else from what no stream's work can still touch.
+    #[inline]
+    fn alloc_without_stream(
+        &self,
+        pool: &'static DevicePool,
+        rounded: u64,
+        size: usize,
+    ) -> Result<DevicePtr> {
+        if legacy_order::active() {
+            let s = legacy_order::legacy_stream(self.backend, pool)?;
+            let mut seen = Seen::NOTHING;
+            return Self::alloc_in_pool_on(pool, rounded, size, s, &mut seen);
+        }
+        Self::alloc_streamless(pool, rounded, size)
     }
 
     fn alloc_streamless(pool: &'static DevicePool, rounded: u64, size: usize) -> Result<DevicePtr> {
@@ -270,12 +289,25 @@ impl Runtime {
         seen: &mut Seen,
     ) -> Result<DevicePtr> {
         seen.device = pool.ctx.device;
+        legacy_order::note_stream(stream);
         let sid = self.backend.stream_id(stream).map_err(CupoolStatus::from)?;
         seen.stream_id = sid.0;
         let s = StreamRef {
             id: sid.0,
             handle: stream,
         };
+        Self::alloc_in_pool_on(pool, rounded, size, s, seen)
+    }
+
+    /// The rest of [`Runtime::alloc_in_pool_on_stream`], the stream identified.
+    #[inline(always)]
+    fn alloc_in_pool_on(
+        pool: &'static DevicePool,
+        rounded: u64,
+        size: usize,
+        s: StreamRef,
+        seen: &mut Seen,
+    ) -> Result<DevicePtr> {
         with_thread(|ts, mut cache| {
             let c = ts.counters(pool.index);
             if let Some(cache) = cache.as_deref_mut() {
@@ -310,6 +342,15 @@ impl Runtime {
 
     /// Streamless free: reused only after a context fence recorded after this call completes.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
+        if legacy_order::active() {
+            // Note [legacy order]: a free on the legacy stream; traced as the program's
+            // streamless call.
+            let result = self.free_on_stream(ptr, legacy_order::LEGACY_STREAM, false);
+            if record::active() {
+                trace_free(result, ptr, None);
+            }
+            return result.map(|_| ());
+        }
         let result = handover::take_back(ptr).map(|taken: Taken| {
             let pool = taken.pool();
             with_thread(|ts, cache| {
@@ -335,15 +376,19 @@ impl Runtime {
     /// with a context fence instead (the pool cannot know the two streams are ordered).
     #[inline]
     pub fn free_async(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<()> {
-        let result = self.free_on_stream(ptr, stream);
+        let result = self.free_on_stream(ptr, stream, true);
         if record::active() {
             trace_free(result, ptr, Some(stream as u64));
         }
         result.map(|_| ())
     }
 
+    /// `named`: the program named `stream` (a streamless free in legacy order does not).
     #[inline(always)]
-    fn free_on_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<Freed> {
+    fn free_on_stream(&self, ptr: DevicePtr, stream: StreamHandle, named: bool) -> Result<Freed> {
+        if named {
+            legacy_order::note_stream(stream);
+        }
         let taken = handover::take_back(ptr)?;
         let pool = taken.pool();
         let (alloc_stream, alloc_handle) = taken.stream();
@@ -351,18 +396,24 @@ impl Runtime {
         // that handle now name another stream (the first one destroyed, a new one created
         // at the same address), the block is filed under the first stream's id, which no
         // stream will ever use again, so it is reused only after a context fence: safe.
-        let sid = if alloc_stream != STREAMLESS && alloc_handle == stream as u64 {
-            crate::backend::StreamId(alloc_stream)
+        let known = if alloc_stream != STREAMLESS && alloc_handle == stream as u64 {
+            Ok(alloc_stream)
+        } else if !named {
+            legacy_order::legacy_stream(self.backend, pool).map(|s| s.id)
         } else {
-            match self.backend.stream_id(stream) {
-                Ok(sid) => sid,
-                Err(e) => {
-                    // The stream cannot be identified: the program keeps the block.
-                    taken.keep();
-                    return Err(e.into());
-                }
-            }
+            self.backend
+                .stream_id(stream)
+                .map(|sid| sid.0)
+                .map_err(CupoolStatus::from)
         };
+        let sid = crate::backend::StreamId(match known {
+            Ok(id) => id,
+            Err(e) => {
+                // The stream cannot be identified: the program keeps the block.
+                taken.keep();
+                return Err(e);
+            }
+        });
         with_thread(|ts, cache| {
             let c = ts.counters(pool.index);
             let (size, requested) = (taken.size(), taken.requested());

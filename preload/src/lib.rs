@@ -34,6 +34,7 @@ pub mod pinned;
 pub mod proc_address;
 pub mod real;
 pub mod slots;
+pub mod streams;
 pub mod table;
 
 // Keep the cupool C API in this library's exports.

@@ -106,6 +106,11 @@ slots! {
     CtxEnablePeerAccess = "cuCtxEnablePeerAccess":
         unsafe extern "C" fn(CuHandle, c_uint) -> CuResult;
     CtxDisablePeerAccess = "cuCtxDisablePeerAccess": unsafe extern "C" fn(CuHandle) -> CuResult;
+    StreamCreate = "cuStreamCreate": unsafe extern "C" fn(*mut CuHandle, c_uint) -> CuResult;
+    StreamCreateWithPriority = "cuStreamCreateWithPriority":
+        unsafe extern "C" fn(*mut CuHandle, c_uint, c_int) -> CuResult;
+    GreenCtxStreamCreate = "cuGreenCtxStreamCreate":
+        unsafe extern "C" fn(*mut CuHandle, CuHandle, c_uint, c_int) -> CuResult;
     MemHostAlloc = "cuMemHostAlloc":
         unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult;
     MemAllocHost = "cuMemAllocHost_v2": unsafe extern "C" fn(*mut *mut c_void, usize) -> CuResult;

@@ -73,6 +73,7 @@ use crate::memory as mem;
 use crate::peer;
 use crate::pinned;
 use crate::proc_address as gpa;
+use crate::streams;
 use StreamFlavour::{Any, Legacy, PerThread};
 
 const NEWEST: i32 = i32::MAX;
@@ -80,7 +81,7 @@ const NEWEST: i32 = i32::MAX;
 /// Every hook. Versions: `cudaTypedefs.h` (`PFN_cuMemAlloc_v3020`, `PFN_cuStreamBeginCapture_v10010`,
 /// `PFN_cuGetProcAddress_v12000`, `PFN_cuMemHostAlloc_v2020`, `PFN_cuMemAllocHost_v3020`,
 /// `PFN_cuMemFreeHost_v2000`, ...).
-pub static HOOKS: [Hook; 27] = [
+pub static HOOKS: [Hook; 30] = [
     Hook {
         slot: Slot::MemAlloc,
         query: q(b"cuMemAlloc\0", 3020, NEWEST, Any),
@@ -216,6 +217,21 @@ pub static HOOKS: [Hook; 27] = [
         slot: Slot::CtxDisablePeerAccess,
         query: q(b"cuCtxDisablePeerAccess\0", 4000, NEWEST, Any),
         replacement: addr!(peer::cuCtxDisablePeerAccess),
+    },
+    Hook {
+        slot: Slot::StreamCreate,
+        query: q(b"cuStreamCreate\0", 2000, NEWEST, Any),
+        replacement: addr!(streams::cuStreamCreate),
+    },
+    Hook {
+        slot: Slot::StreamCreateWithPriority,
+        query: q(b"cuStreamCreateWithPriority\0", 5050, NEWEST, Any),
+        replacement: addr!(streams::cuStreamCreateWithPriority),
+    },
+    Hook {
+        slot: Slot::GreenCtxStreamCreate,
+        query: q(b"cuGreenCtxStreamCreate\0", 12050, NEWEST, Any),
+        replacement: addr!(streams::cuGreenCtxStreamCreate),
     },
 ];
 

@@ -38,6 +38,9 @@ const HOOKED: &[&str] = &[
     "cuStreamEndCapture_ptsz",
     "cuCtxEnablePeerAccess",
     "cuCtxDisablePeerAccess",
+    "cuStreamCreate",
+    "cuStreamCreateWithPriority",
+    "cuGreenCtxStreamCreate",
 ];
 
 fn tool_output(tool: &str, args: &[&str]) -> String {
@@ -237,6 +240,36 @@ fn allocations_go_through_the_pool_for_every_way_of_reaching_the_driver() {
             pre.num("driver_allocs"),
             "{reach:?}"
         );
+    }
+}
+
+/// Note [legacy order]: with `legacy_order:on`, a program without streams gets its freed
+/// block back at once and no context fence is recorded; creating a stream ends that with
+/// one wait, and frees are fenced from then on. Off (the default), every phase fences.
+#[test]
+fn legacy_order_reuses_at_once_until_a_stream_is_created() {
+    for reach in ALL_REACHES {
+        let exe = support::driver_program(reach);
+        let on = run_ok(
+            &exe,
+            &["legacy-order"],
+            true,
+            &[("CUPOOL_CONF", "legacy_order:on")],
+        );
+        assert_eq!(on.num("before.same_block"), 200, "{reach:?}");
+        assert_eq!(on.num("before.fences"), 0, "{reach:?}");
+        assert_eq!(
+            on.num("at_stream.fences"),
+            1,
+            "{reach:?}: the wait at the end"
+        );
+        assert_eq!(on.num("at_stream.waits"), 1, "{reach:?}");
+        assert!(on.num("after.fences") > 0, "{reach:?}: frees fenced again");
+
+        let off = run_ok(&exe, &["legacy-order"], true, &[]);
+        assert!(off.num("before.fences") > 0, "{reach:?}");
+        assert_eq!(off.num("at_stream.fences"), 0, "{reach:?}");
+        assert!(off.num("after.fences") > 0, "{reach:?}");
     }
 }
 

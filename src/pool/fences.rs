@@ -331,3 +331,19 @@ impl DevicePool {
         }
     }
 }
+
+impl DevicePool {
+    /// Waits until the work queued in this pool's context so far has completed: one
+    /// context fence, recorded and waited for (Note [legacy order] in the runtime). A
+    /// capture in progress, or a driver error, is reported and nothing is waited for.
+    pub fn wait_for_queued_work(&self) -> core::result::Result<(), crate::backend::BackendError> {
+        // Note [capture exclusion]: no capture may begin between the record and the wait.
+        let Some(_calls) = self.enter_ordering_calls() else {
+            return Err(crate::backend::BackendError::Capturing);
+        };
+        let ev = self.backend.record_context_fence(self.ctx.id)?;
+        let waited = self.backend.wait_event(self.ctx.id, ev);
+        self.backend.recycle_event(self.ctx.id, ev);
+        waited
+    }
+}

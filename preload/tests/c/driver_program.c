@@ -335,6 +335,43 @@ static void scenario_loop(void)
     print_pool_stats();
 }
 
+/*
+ * Legacy order (Note [legacy order]): while no stream exists, a free is reused at once with
+ * no context fence; the first stream created ends that with one wait for queued work, and
+ * frees are fenced again. Prints the fences and waits each phase made.
+ */
+static void scenario_legacy_order(void)
+{
+    enum { PAIRS = 200 };
+    struct fake_cuda_counters c0, c1, c2;
+    CUdeviceptr p = 0, first = 0;
+    int same = 0;
+    fake_counters(&c0);
+    for (int i = 0; i < PAIRS; i++) {
+        CHECK(drv.cuMemAlloc_v2(&p, 3 * MIB));
+        if (i == 0)
+            first = p;
+        same += p == first;
+        CHECK(drv.cuMemFree_v2(p));
+    }
+    fake_counters(&c1);
+    CUhandle stream = NULL;
+    CHECK(drv.cuStreamCreate(&stream, 0));
+    fake_counters(&c2);
+    printf("before.same_block=%d\nbefore.fences=%llu\n", same,
+           (unsigned long long)(c1.ctx_record_event - c0.ctx_record_event));
+    printf("at_stream.fences=%llu\nat_stream.waits=%llu\n",
+           (unsigned long long)(c2.ctx_record_event - c1.ctx_record_event),
+           (unsigned long long)(c2.event_sync - c1.event_sync));
+    for (int i = 0; i < PAIRS; i++) {
+        CHECK(drv.cuMemAlloc_v2(&p, 3 * MIB));
+        CHECK(drv.cuMemFree_v2(p));
+    }
+    struct fake_cuda_counters c3;
+    fake_counters(&c3);
+    printf("after.fences=%llu\n", (unsigned long long)(c3.ctx_record_event - c2.ctx_record_event));
+}
+
 /* Frees the driver rejects must be rejected the same way; foreign frees still work. */
 static void scenario_errors(void)
 {
@@ -715,6 +752,8 @@ int main(int argc, char **argv)
         scenario_loop();
     else if (!strcmp(s, "errors"))
         scenario_errors();
+    else if (!strcmp(s, "legacy-order"))
+        scenario_legacy_order();
     else if (!strcmp(s, "oom"))
         scenario_oom();
     else if (!strcmp(s, "capture"))

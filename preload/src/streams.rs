@@ -1,0 +1,83 @@
+//! Stream-creation hooks: the first stream a program creates ends legacy order (Note
+//! [legacy order] in `cupool::runtime::legacy_order`): from then on work may run outside
+//! the legacy default stream's order, so streamless frees wait for context fences again.
+//!
+//! The mode ends before the real call, so that no block is handed out under legacy order
+//! once the stream exists; the real call's result is returned unchanged. Ending it waits
+//! once for the work queued so far (a driver call from this hook, as the pool's own calls
+//! are; none after exit, none in a fork child).
+
+use crate::cuda::*;
+use crate::guard::cuda_call;
+use crate::lifecycle;
+use crate::real;
+use crate::slots::sig;
+use core::ffi::{c_int, c_uint};
+
+/// Ends legacy order because a stream is being created (not in a fork child, where the
+/// pool is not used, nor once the process exits).
+fn stream_created(how: &str) {
+    if lifecycle::pass_through() || lifecycle::exiting() {
+        return;
+    }
+    if cupool::log::level() >= cupool::log::Level::Debug {
+        cupool::log::debug(&format!(
+            "cupool: stream created at\n{}",
+            std::backtrace::Backtrace::force_capture()
+        ));
+    }
+    // Also before the pool starts: a stream created then keeps legacy order from starting.
+    cupool::runtime::legacy_order::end(how);
+}
+
+/// `cuStreamCreate(CUstream *phStream, unsigned int Flags)`.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreate(stream: *mut CuHandle, flags: c_uint) -> CuResult {
+    cuda_call("cuStreamCreate", || {
+        // SAFETY: the slot holds the real cuStreamCreate.
+        let Some(real) = real::get::<sig::StreamCreate>() else {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        };
+        stream_created("the program created a stream");
+        // SAFETY: arguments forwarded unchanged.
+        unsafe { real(stream, flags) }
+    })
+}
+
+/// `cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)`.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    stream: *mut CuHandle,
+    flags: c_uint,
+    priority: c_int,
+) -> CuResult {
+    cuda_call("cuStreamCreateWithPriority", || {
+        // SAFETY: the slot holds the real cuStreamCreateWithPriority.
+        let Some(real) = real::get::<sig::StreamCreateWithPriority>() else {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        };
+        stream_created("the program created a stream");
+        // SAFETY: arguments forwarded unchanged.
+        unsafe { real(stream, flags, priority) }
+    })
+}
+
+/// `cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags,
+/// int priority)`.
+#[no_mangle]
+pub unsafe extern "C" fn cuGreenCtxStreamCreate(
+    stream: *mut CuHandle,
+    green_ctx: CuHandle,
+    flags: c_uint,
+    priority: c_int,
+) -> CuResult {
+    cuda_call("cuGreenCtxStreamCreate", || {
+        // SAFETY: the slot holds the real cuGreenCtxStreamCreate.
+        let Some(real) = real::get::<sig::GreenCtxStreamCreate>() else {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        };
+        stream_created("the program created a stream of a green context");
+        // SAFETY: arguments forwarded unchanged.
+        unsafe { real(stream, green_ctx, flags, priority) }
+    })
+}

@@ -1,10 +1,6 @@
 /*
  * A CUDA driver client for the preload tests, run against the fake libcuda (TEST DOUBLE).
- * It reaches the driver the way real programs do, chosen at build time:
- *   -DREACH_GPA     like a static CUDA runtime: dlopen("libcuda.so.1"),
- *                   dlsym(handle, "cuGetProcAddress_v2"), then one query per entry point;
- *   -DREACH_DLSYM   like XLA/TensorFlow stubs: dlsym(handle, "cuMemAlloc_v2") ...;
- *   -DREACH_LINKED  like a program linked with -lcuda: direct calls.
+ * It reaches the driver the way real programs do, chosen at build time (reach.h).
  * argv[1] names a scenario; results are printed as "key=value" lines, which the Rust test
  * compares between runs with and without the preload library, and checks against the
  * fake's counters and cupool's statistics.
@@ -35,175 +31,35 @@ typedef struct {
 #define CU_POINTER_ATTRIBUTE_RANGE_SIZE 12
 #define MIB ((size_t)1 << 20)
 
-typedef CUresult (*gpa_v2_fn)(const char *, void **, int, unsigned long long, int *);
 typedef CUresult (*gpa_v1_fn)(const char *, void **, int, unsigned long long);
 
-struct driver {
-    CUresult (*cuInit)(unsigned);
-    CUresult (*cuDriverGetVersion)(int *);
-    CUresult (*cuDeviceGet)(int *, int);
-    CUresult (*cuDevicePrimaryCtxRetain)(CUhandle *, int);
-    CUresult (*cuCtxSetCurrent)(CUhandle);
-    CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);
-    CUresult (*cuMemFree_v2)(CUdeviceptr);
-    CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
-    CUresult (*cuMemGetAddressRange_v2)(CUdeviceptr *, size_t *, CUdeviceptr);
-    CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned);
-    CUresult (*cuIpcGetMemHandle)(void *, CUdeviceptr);
-    CUresult (*cuIpcOpenMemHandle_v2)(CUdeviceptr *, CUipcMemHandle, unsigned);
-    CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
-    CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
-    CUresult (*cuStreamCreate)(CUhandle *, unsigned);
-    CUresult (*cuStreamBeginCapture_v2)(CUhandle, int);
-    CUresult (*cuStreamEndCapture)(CUhandle, CUhandle *);
-    CUresult (*cuCtxEnablePeerAccess)(CUhandle, unsigned);
-};
+#define DRIVER_FUNCS(X)                                                                   \
+    X(cuInit, "cuInit", 2000, CUresult, (unsigned))                                        \
+    X(cuDriverGetVersion, "cuDriverGetVersion", 2020, CUresult, (int *))                   \
+    X(cuDeviceGet, "cuDeviceGet", 2000, CUresult, (int *, int))                            \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, CUresult, (CUhandle *, int)) \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent", 4000, CUresult, (CUhandle))                      \
+    X(cuMemAlloc_v2, "cuMemAlloc", 3020, CUresult, (CUdeviceptr *, size_t))                \
+    X(cuMemFree_v2, "cuMemFree", 3020, CUresult, (CUdeviceptr))                            \
+    X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, CUresult, (size_t *, size_t *))               \
+    X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 3020, CUresult,                     \
+      (CUdeviceptr *, size_t *, CUdeviceptr))                                               \
+    X(cuMemAllocManaged, "cuMemAllocManaged", 6000, CUresult, (CUdeviceptr *, size_t, unsigned)) \
+    X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, CUresult, (void *, CUdeviceptr))       \
+    X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, CUresult,                        \
+      (CUdeviceptr *, CUipcMemHandle, unsigned))                                            \
+    X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, CUresult, (CUdeviceptr))           \
+    X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000, CUresult, (void *, int, CUdeviceptr)) \
+    X(cuStreamCreate, "cuStreamCreate", 2000, CUresult, (CUhandle *, unsigned))            \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, CUresult, (CUhandle, int))   \
+    X(cuStreamEndCapture, "cuStreamEndCapture", 10000, CUresult, (CUhandle, CUhandle *))   \
+    X(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000, CUresult, (CUhandle, unsigned))
 
-static struct driver drv;
-static void *libcuda;
+#include "reach.h"
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        CUresult rc_ = (call);                                                             \
-        if (rc_ != 0) {                                                                    \
-            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #call, rc_);          \
-            exit(3);                                                                       \
-        }                                                                                  \
-    } while (0)
+static void load_driver(void) { load_driver_table(); }
 
-static void *need(void *p, const char *what)
-{
-    if (!p) {
-        fprintf(stderr, "cannot resolve %s: %s\n", what, dlerror());
-        exit(3);
-    }
-    return p;
-}
-
-#if defined(REACH_LINKED)
-CUresult cuInit(unsigned);
-CUresult cuDriverGetVersion(int *);
-CUresult cuDeviceGet(int *, int);
-CUresult cuDevicePrimaryCtxRetain(CUhandle *, int);
-CUresult cuCtxSetCurrent(CUhandle);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
-CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
-CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
-CUresult cuIpcGetMemHandle(void *, CUdeviceptr);
-CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned);
-CUresult cuIpcCloseMemHandle(CUdeviceptr);
-CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
-CUresult cuStreamCreate(CUhandle *, unsigned);
-CUresult cuStreamBeginCapture_v2(CUhandle, int);
-CUresult cuStreamEndCapture(CUhandle, CUhandle *);
-CUresult cuCtxEnablePeerAccess(CUhandle, unsigned);
-
-static void load_driver(void)
-{
-    libcuda = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "libcuda.so.1");
-    drv.cuInit = cuInit;
-    drv.cuDriverGetVersion = cuDriverGetVersion;
-    drv.cuDeviceGet = cuDeviceGet;
-    drv.cuDevicePrimaryCtxRetain = cuDevicePrimaryCtxRetain;
-    drv.cuCtxSetCurrent = cuCtxSetCurrent;
-    drv.cuMemAlloc_v2 = cuMemAlloc_v2;
-    drv.cuMemFree_v2 = cuMemFree_v2;
-    drv.cuMemGetInfo_v2 = cuMemGetInfo_v2;
-    drv.cuMemGetAddressRange_v2 = cuMemGetAddressRange_v2;
-    drv.cuMemAllocManaged = cuMemAllocManaged;
-    drv.cuIpcGetMemHandle = cuIpcGetMemHandle;
-    drv.cuIpcOpenMemHandle_v2 = cuIpcOpenMemHandle_v2;
-    drv.cuIpcCloseMemHandle = cuIpcCloseMemHandle;
-    drv.cuPointerGetAttribute = cuPointerGetAttribute;
-    drv.cuStreamCreate = cuStreamCreate;
-    drv.cuStreamBeginCapture_v2 = cuStreamBeginCapture_v2;
-    drv.cuStreamEndCapture = cuStreamEndCapture;
-    drv.cuCtxEnablePeerAccess = cuCtxEnablePeerAccess;
-}
-#elif defined(REACH_DLSYM)
-#define LOAD(name) *(void **)&drv.name = need(dlsym(libcuda, #name), #name)
-static void load_driver(void)
-{
-    libcuda = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "libcuda.so.1");
-    LOAD(cuInit);
-    LOAD(cuDriverGetVersion);
-    LOAD(cuDeviceGet);
-    LOAD(cuDevicePrimaryCtxRetain);
-    LOAD(cuCtxSetCurrent);
-    LOAD(cuMemAlloc_v2);
-    LOAD(cuMemFree_v2);
-    LOAD(cuMemGetInfo_v2);
-    LOAD(cuMemGetAddressRange_v2);
-    LOAD(cuMemAllocManaged);
-    LOAD(cuIpcGetMemHandle);
-    LOAD(cuIpcOpenMemHandle_v2);
-    LOAD(cuIpcCloseMemHandle);
-    LOAD(cuPointerGetAttribute);
-    LOAD(cuStreamCreate);
-    LOAD(cuStreamBeginCapture_v2);
-    LOAD(cuStreamEndCapture);
-    LOAD(cuCtxEnablePeerAccess);
-}
-#elif defined(REACH_GPA)
-static gpa_v2_fn gpa;
-
-static void *query(const char *base, int version, unsigned long long flags)
-{
-    void *fn = NULL;
-    int status = -1;
-    CUresult rc = gpa(base, &fn, version, flags, &status);
-    if (rc != 0 || !fn || status != 0) {
-        fprintf(stderr, "cuGetProcAddress_v2(%s, %d, %llu) -> %d status %d\n", base, version,
-                flags, rc, status);
-        exit(3);
-    }
-    return fn;
-}
-
-#define QUERY(field, base, version) *(void **)&drv.field = query(base, version, 0)
-static void load_driver(void)
-{
-    libcuda = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "libcuda.so.1");
-    gpa = (gpa_v2_fn)need(dlsym(libcuda, "cuGetProcAddress_v2"), "cuGetProcAddress_v2");
-    QUERY(cuInit, "cuInit", 2000);
-    QUERY(cuDriverGetVersion, "cuDriverGetVersion", 2020);
-    QUERY(cuDeviceGet, "cuDeviceGet", 2000);
-    QUERY(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000);
-    QUERY(cuCtxSetCurrent, "cuCtxSetCurrent", 4000);
-    QUERY(cuMemAlloc_v2, "cuMemAlloc", 3020);
-    QUERY(cuMemFree_v2, "cuMemFree", 3020);
-    QUERY(cuMemGetInfo_v2, "cuMemGetInfo", 3020);
-    QUERY(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 3020);
-    QUERY(cuMemAllocManaged, "cuMemAllocManaged", 6000);
-    QUERY(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010);
-    QUERY(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000);
-    QUERY(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010);
-    QUERY(cuPointerGetAttribute, "cuPointerGetAttribute", 4000);
-    QUERY(cuStreamCreate, "cuStreamCreate", 2000);
-    QUERY(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010);
-    QUERY(cuStreamEndCapture, "cuStreamEndCapture", 10000);
-    QUERY(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000);
-}
-
-/* Which library and exported symbol a function pointer belongs to. */
-static void print_owner(const char *label, void *fn)
-{
-    Dl_info info;
-    if (!fn) {
-        printf("%s=NULL\n", label);
-        return;
-    }
-    if (!dladdr(fn, &info) || !info.dli_fname) {
-        printf("%s=?\n", label);
-        return;
-    }
-    const char *file = strrchr(info.dli_fname, '/');
-    printf("%s=%s:%s\n", label, file ? file + 1 : info.dli_fname,
-           info.dli_sname ? info.dli_sname : "?");
-}
-
+#if defined(REACH_GPA)
 /* Prints who answers each (name, version, flags) query, and the status. */
 static void scenario_queries(void)
 {
@@ -259,8 +115,6 @@ static void scenario_queries(void)
     print_owner("dlsym.libcuda.cuInit", dlsym(libcuda, "cuInit"));
     print_owner("dlsym.libcuda.cuMemAlloc_v2x", dlsym(libcuda, "cuMemAlloc_v2x"));
 }
-#else
-#error "define REACH_GPA, REACH_DLSYM or REACH_LINKED"
 #endif
 
 static void (*fake_counters)(struct fake_cuda_counters *);

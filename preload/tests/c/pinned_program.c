@@ -30,137 +30,33 @@ typedef void *CUhandle;
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
 
-struct driver {
-    CUresult (*cuInit)(unsigned);
-    CUresult (*cuDeviceGet)(int *, int);
-    CUresult (*cuDevicePrimaryCtxRetain)(CUhandle *, int);
-    CUresult (*cuCtxSetCurrent)(CUhandle);
-    CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
-    CUresult (*cuMemAllocHost_v2)(void **, size_t);
-    CUresult (*cuMemFreeHost)(void *);
-    CUresult (*cuMemHostRegister_v2)(void *, size_t, unsigned);
-    CUresult (*cuMemHostUnregister)(void *);
-    CUresult (*cuPointerGetAttribute)(void *, int, unsigned long long);
-};
+#define DRIVER_FUNCS(X)                                                                   \
+    X(cuInit, "cuInit", 2000, CUresult, (unsigned))                                        \
+    X(cuDeviceGet, "cuDeviceGet", 2000, CUresult, (int *, int))                            \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, CUresult, (CUhandle *, int)) \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent", 4000, CUresult, (CUhandle))                      \
+    X(cuMemHostAlloc, "cuMemHostAlloc", 2020, CUresult, (void **, size_t, unsigned))       \
+    X(cuMemAllocHost_v2, "cuMemAllocHost", 3020, CUresult, (void **, size_t))              \
+    X(cuMemFreeHost, "cuMemFreeHost", 2000, CUresult, (void *))                            \
+    X(cuMemHostRegister_v2, "cuMemHostRegister", 6050, CUresult, (void *, size_t, unsigned)) \
+    X(cuMemHostUnregister, "cuMemHostUnregister", 4000, CUresult, (void *))                \
+    X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000, CUresult,                      \
+      (void *, int, unsigned long long))
 
-static struct driver drv;
-static void *libcuda;
-
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        CUresult rc_ = (call);                                                             \
-        if (rc_ != 0) {                                                                    \
-            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #call, rc_);          \
-            exit(3);                                                                       \
-        }                                                                                  \
-    } while (0)
-
-static void *need(void *p, const char *what)
-{
-    if (!p) {
-        fprintf(stderr, "cannot resolve %s: %s\n", what, dlerror());
-        exit(3);
-    }
-    return p;
-}
-
-#if defined(REACH_LINKED)
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(int *, int);
-CUresult cuDevicePrimaryCtxRetain(CUhandle *, int);
-CUresult cuCtxSetCurrent(CUhandle);
-CUresult cuMemHostAlloc(void **, size_t, unsigned);
-CUresult cuMemAllocHost_v2(void **, size_t);
-CUresult cuMemFreeHost(void *);
-CUresult cuMemHostRegister_v2(void *, size_t, unsigned);
-CUresult cuMemHostUnregister(void *);
-CUresult cuPointerGetAttribute(void *, int, unsigned long long);
+#include "reach.h"
 
 static void load_driver(void)
 {
-    libcuda = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "libcuda.so.1");
-    drv.cuInit = cuInit;
-    drv.cuDeviceGet = cuDeviceGet;
-    drv.cuDevicePrimaryCtxRetain = cuDevicePrimaryCtxRetain;
-    drv.cuCtxSetCurrent = cuCtxSetCurrent;
-    drv.cuMemHostAlloc = cuMemHostAlloc;
-    drv.cuMemAllocHost_v2 = cuMemAllocHost_v2;
-    drv.cuMemFreeHost = cuMemFreeHost;
-    drv.cuMemHostRegister_v2 = cuMemHostRegister_v2;
-    drv.cuMemHostUnregister = cuMemHostUnregister;
-    drv.cuPointerGetAttribute = cuPointerGetAttribute;
-}
-#elif defined(REACH_DLSYM)
-#define LOAD(name) *(void **)&drv.name = need(dlsym(libcuda, #name), #name)
-static void load_driver(void)
-{
-    libcuda = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "libcuda.so.1");
-    LOAD(cuInit);
-    LOAD(cuDeviceGet);
-    LOAD(cuDevicePrimaryCtxRetain);
-    LOAD(cuCtxSetCurrent);
-    LOAD(cuMemHostAlloc);
-    LOAD(cuMemAllocHost_v2);
-    LOAD(cuMemFreeHost);
-    LOAD(cuMemHostRegister_v2);
-    LOAD(cuMemHostUnregister);
-    LOAD(cuPointerGetAttribute);
-}
-#elif defined(REACH_GPA)
-typedef CUresult (*gpa_v2_fn)(const char *, void **, int, unsigned long long, int *);
-static gpa_v2_fn gpa;
-
-static void *query(const char *base, int version)
-{
-    void *fn = NULL;
-    int status = -1;
-    CUresult rc = gpa(base, &fn, version, 0, &status);
-    if (rc != 0 || !fn || status != 0) {
-        fprintf(stderr, "cuGetProcAddress_v2(%s, %d) -> %d status %d\n", base, version, rc,
-                status);
-        exit(3);
-    }
-    return fn;
-}
-
-/* Which library and exported symbol a function pointer belongs to. */
-static void print_owner(const char *label, void *fn)
-{
-    Dl_info info;
-    if (!fn || !dladdr(fn, &info) || !info.dli_fname) {
-        printf("%s=?\n", label);
-        return;
-    }
-    const char *file = strrchr(info.dli_fname, '/');
-    printf("%s=%s:%s\n", label, file ? file + 1 : info.dli_fname,
-           info.dli_sname ? info.dli_sname : "?");
-}
-
-#define QUERY(field, base, version) *(void **)&drv.field = query(base, version)
-static void load_driver(void)
-{
-    libcuda = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "libcuda.so.1");
-    gpa = (gpa_v2_fn)need(dlsym(libcuda, "cuGetProcAddress_v2"), "cuGetProcAddress_v2");
-    QUERY(cuInit, "cuInit", 2000);
-    QUERY(cuDeviceGet, "cuDeviceGet", 2000);
-    QUERY(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000);
-    QUERY(cuCtxSetCurrent, "cuCtxSetCurrent", 4000);
-    QUERY(cuMemHostAlloc, "cuMemHostAlloc", 2020);
-    QUERY(cuMemAllocHost_v2, "cuMemAllocHost", 3020);
-    QUERY(cuMemFreeHost, "cuMemFreeHost", 2000);
-    QUERY(cuMemHostRegister_v2, "cuMemHostRegister", 6050);
-    QUERY(cuMemHostUnregister, "cuMemHostUnregister", 4000);
-    QUERY(cuPointerGetAttribute, "cuPointerGetAttribute", 4000);
+    load_driver_table();
+#if defined(REACH_GPA)
     /* The 32-bit-size v1 of cuMemAllocHost stays the driver's. */
-    print_owner("query.cuMemAllocHost@2000", query("cuMemAllocHost", 2000));
+    print_owner("query.cuMemAllocHost@2000", query("cuMemAllocHost", 2000, 0));
     print_owner("query.cuMemAllocHost@3020", (void *)drv.cuMemAllocHost_v2);
     print_owner("query.cuMemHostAlloc@2020", (void *)drv.cuMemHostAlloc);
     print_owner("query.cuMemFreeHost@2000", (void *)drv.cuMemFreeHost);
     print_owner("query.cuMemHostRegister@6050", (void *)drv.cuMemHostRegister_v2);
-}
-#else
-#error "define REACH_GPA, REACH_DLSYM or REACH_LINKED"
 #endif
+}
 
 static struct fake_cuda_counters counters(void)
 {

@@ -1,17 +1,24 @@
 // cupool.torch.enable(shim=True): PyTorch's pluggable allocator over cupool's hooks, plus
-// the two answers the pluggable allocator cannot give from plain C functions:
+// the answers the pluggable allocator cannot give from plain C functions:
 // - cacheInfo (cuDNN's benchmark mode asks it for the largest workspace it may take;
 //   PyTorch's pluggable allocator raises "does not yet support cacheInfo");
 // - out of memory: the pluggable allocator hands a NULL pointer to the tensor; here it
-//   raises torch.OutOfMemoryError instead, as PyTorch's own allocator does.
+//   raises torch.OutOfMemoryError instead, as PyTorch's own allocator does;
+// - CUDA IPC of tensors (torch.multiprocessing): shareIpcHandle and getIpcDevPtr, which
+//   the pluggable allocator refuses ("does not yet support shareIPcHandle").
 // Built at enable() time against the installed PyTorch (torch.utils.cpp_extension), since
 // PyTorch's C++ ABI differs between versions. Everything else is the pluggable allocator.
 #include <torch/extension.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 namespace {
 
@@ -53,6 +60,79 @@ struct CupoolAllocator final : Pluggable {
     return p;
   }
 
+  // CUDA IPC, in PyTorch's own handle format (version byte 2, type 'c' for a plain driver
+  // allocation, then the cudaIpcMemHandle_t), so that a consumer on PyTorch's own allocator
+  // opens it as well as one on cupool. `ptr` is what getBaseAllocation answered: with
+  // vmm:off the driver allocation (segment) the block lives in, so the handle maps the
+  // whole segment and the offset PyTorch adds finds the block. With vmm:on blocks above
+  // 1 MiB are VMM memory, which legacy CUDA IPC cannot export: a clear error, unless the
+  // process runs under libcupool_preload.so, whose cudaIpcGetMemHandle exports them.
+  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override {
+    cudaIpcMemHandle_t h;
+    cudaError_t err = cudaIpcGetMemHandle(&h, ptr);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: clear it for PyTorch's later checks
+      std::string message =
+          std::string("cupool: cannot share this CUDA tensor with another process (") +
+          cudaGetErrorName(err) +
+          "): with vmm:on, blocks above 1 MiB are VMM memory, which legacy CUDA IPC "
+          "cannot export. Call cupool.torch.enable(vmm=False), or run both processes "
+          "under libcupool_preload.so.";
+      TORCH_CHECK(false, message);
+    }
+    std::string handle;
+    handle.push_back(kHandleVersion);
+    handle.push_back(kCudaMallocHandle);
+    handle.append(reinterpret_cast<const char*>(&h), sizeof h);
+    return {0, handle};
+  }
+
+  // Opens a handle of shareIpcHandle's format (or PyTorch's 'c' handles, the same, or a
+  // bare cudaIpcMemHandle_t of older PyTorch). One mapping per handle while any storage
+  // uses it: CUDA opens a handle once per context.
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    const char* raw = nullptr;
+    if (handle.size() == 2 + sizeof(cudaIpcMemHandle_t) && handle[0] == kHandleVersion &&
+        handle[1] == kCudaMallocHandle) {
+      raw = handle.data() + 2;
+    } else if (handle.size() == sizeof(cudaIpcMemHandle_t)) {
+      raw = handle.data();
+    }
+    if (raw == nullptr) {
+      // One std::string, no stream inserters (see allocate above).
+      std::string message = "cupool: cannot open this CUDA IPC handle (" +
+                            std::to_string(handle.size()) +
+                            " bytes): only plain driver allocations ('c' handles) are "
+                            "supported, not PyTorch's expandable segments";
+      TORCH_CHECK(false, message);
+    }
+    std::lock_guard<std::mutex> guard(ipc_mutex_);
+    auto found = opened_.find(handle);
+    if (found != opened_.end()) {
+      if (auto live = found->second.lock()) return live;
+    }
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, raw, sizeof h);
+    void* dev = nullptr;
+    cudaError_t err = cudaIpcOpenMemHandle(&dev, h, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      TORCH_CHECK(false, std::string("cupool: cudaIpcOpenMemHandle failed: ") +
+                             cudaGetErrorName(err));
+    }
+    int device = 0;
+    (void)cudaGetDevice(&device);
+    std::shared_ptr<void> sp(dev, [device](void* p) {
+      int current = 0;
+      (void)cudaGetDevice(&current);
+      (void)cudaSetDevice(device);
+      (void)cudaIpcCloseMemHandle(p);
+      (void)cudaSetDevice(current);
+    });
+    opened_[handle] = sp;
+    return sp;
+  }
+
   // What a cuDNN workspace may take now: the device's free memory as the driver reports
   // it (cupool's idle cache is not counted, so the answer errs on the small side; PyTorch's
   // own allocator answers with its largest cached block).
@@ -62,7 +142,11 @@ struct CupoolAllocator final : Pluggable {
   }
 
  private:
+  static constexpr char kHandleVersion = 2;
+  static constexpr char kCudaMallocHandle = 'c';
   MemInfoFn mem_info_;
+  std::mutex ipc_mutex_;
+  std::unordered_map<std::string, std::weak_ptr<void>> opened_;
 };
 
 template <typename F>

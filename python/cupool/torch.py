@@ -83,8 +83,9 @@ def enable(shim: bool | None = None, vmm: bool | None = None) -> None:
     footprint follows the live bytes: on an H100 it held less than PyTorch's
     ``expandable_segments`` at PyTorch's own step time on variable-shape training
     (docs/BENCHMARKS.md). ``None`` (the default): on, unless ``CUPOOL_CONF`` sets ``vmm``.
-    ``False``: plain segments, as the C library's default. Legacy CUDA IPC
-    (``torch.multiprocessing`` sharing CUDA tensors) does not work on VMM memory."""
+    ``False``: plain segments. ``torch.multiprocessing`` shares CUDA tensors through the
+    shim with ``vmm=False`` (legacy CUDA IPC does not work on VMM memory: with ``vmm:on``
+    sharing a block above 1 MiB raises a RuntimeError that says so)."""
     global _allocator
     import torch  # noqa: PLC0415 - torch is optional: imported only here
 

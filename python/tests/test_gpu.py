@@ -171,6 +171,75 @@ def test_shim_makes_cudnn_benchmark_work_and_matches_pytorch():
     assert run(code, "shim").split()[-1] == run(code, "native").split()[-1]
 
 
+MULTIPROCESSING = """
+import sys, torch, torch.multiprocessing as mp
+import cupool.torch
+
+
+def child(tensors, sums, mode):
+    if mode == "cupool":
+        cupool.torch.enable(shim=True, vmm=False)
+    while (t := tensors.get()) is not None:
+        t.add_(1)  # through the mapping of the producer's memory
+        torch.cuda.synchronize()
+        sums.put(float(t.double().sum()))
+        del t
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    cupool.torch.enable(shim=True, vmm=(mode == "vmm_on"))
+    if mode == "vmm_on":
+        t = torch.ones(4_000_000, device="cuda")  # 16 MB: a VMM block
+        try:
+            t.untyped_storage()._share_cuda_()
+        except RuntimeError as e:
+            assert "vmm=False" in str(e), e
+            print("refused clearly")
+        sys.exit(0)
+    ctx = mp.get_context("spawn")
+    tensors, sums = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=child, args=(tensors, sums, mode))
+    p.start()
+    # A small block (shared 2 MiB segment), a block of a 20 MiB segment, a whole segment.
+    for n in (1000, 700_000, 6_000_000):
+        t = torch.arange(n, device="cuda", dtype=torch.float32)
+        before = float(t.double().sum())
+        tensors.put(t)
+        theirs = sums.get(timeout=120)
+        torch.cuda.synchronize()
+        ours = float(t.double().sum())
+        assert theirs == ours == before + n, (n, before, theirs, ours)
+        print("shared", n)
+    tensors.put(None)
+    p.join(timeout=120)
+    assert p.exitcode == 0, p.exitcode
+"""
+
+
+@needs_torch_gpu
+@pytest.mark.parametrize("consumer", ["cupool", "native"])
+def test_multiprocessing_shares_cuda_tensors(tmp_path, consumer):
+    script = tmp_path / "share.py"
+    script.write_text(MULTIPROCESSING)
+    env = {k: v for k, v in os.environ.items() if k != "CUPOOL_CONF"}
+    done = subprocess.run([sys.executable, str(script), consumer], capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    assert done.stdout.split() == ["shared", "1000", "shared", "700000", "shared", "6000000"]
+
+
+@needs_torch_gpu
+def test_multiprocessing_refuses_vmm_blocks_clearly(tmp_path):
+    script = tmp_path / "share.py"
+    script.write_text(MULTIPROCESSING)
+    env = {k: v for k, v in os.environ.items() if k != "CUPOOL_CONF"}
+    done = subprocess.run([sys.executable, str(script), "vmm_on"], capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    assert "refused clearly" in done.stdout
+
+
 @needs_torch_gpu
 def test_shim_raises_pytorchs_out_of_memory_error():
     out = run(

@@ -28,7 +28,7 @@ pub mod runtime;
 #[cfg(not(loom))]
 pub mod stats;
 pub mod status;
-pub(crate) mod sync;
+pub mod sync;
 #[cfg(not(loom))]
 pub mod trace;
 

@@ -1,7 +1,81 @@
 //! Atomics and cells used by the lock-free parts of the pool, through one facade so the
 //! model checker (`loom`, built with `RUSTFLAGS="--cfg loom"`) can replace them.
+//!
+//! [`RecordCell`] holds a block record's fields. Its accessor returns the record's `&mut`
+//! in normal builds (no cost) and, under loom, a guard that keeps loom's write access open
+//! while it lives, so the model checker sees every access to the data and reports two
+//! threads touching one record without an order between them (as sharded-slab's facade
+//! does with closures; a guard keeps the pool's many `data()` call sites unchanged).
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
+
+/// A record's fields, written by one owner at a time (the pool's hand-over rules).
+pub struct RecordCell<T> {
+    #[cfg(not(loom))]
+    value: core::cell::UnsafeCell<T>,
+    #[cfg(loom)]
+    value: loom::cell::UnsafeCell<T>,
+}
+
+/// Exclusive access to a [`RecordCell`]'s value: `&mut T`, or under loom a guard.
+#[cfg(not(loom))]
+pub type RecordMut<'a, T> = &'a mut T;
+
+/// Exclusive access to a [`RecordCell`]'s value, tracked by loom while it lives.
+#[cfg(loom)]
+pub struct RecordMut<'a, T> {
+    access: loom::cell::MutPtr<T>,
+    _cell: core::marker::PhantomData<&'a mut T>,
+}
+
+#[cfg(loom)]
+impl<T> core::ops::Deref for RecordMut<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard's access is exclusive (loom checks it) and lives as long as it.
+        unsafe { self.access.deref() }
+    }
+}
+
+#[cfg(loom)]
+impl<T> core::ops::DerefMut for RecordMut<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as for `deref`.
+        unsafe { self.access.deref() }
+    }
+}
+
+impl<T> RecordCell<T> {
+    pub fn new(value: T) -> Self {
+        RecordCell {
+            #[cfg(not(loom))]
+            value: core::cell::UnsafeCell::new(value),
+            #[cfg(loom)]
+            value: loom::cell::UnsafeCell::new(value),
+        }
+    }
+
+    /// The value, for its one owner.
+    ///
+    /// # Safety
+    /// No other access to the value exists while the result lives.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    pub unsafe fn get_mut(&self) -> RecordMut<'_, T> {
+        #[cfg(not(loom))]
+        {
+            // SAFETY: the caller's contract.
+            unsafe { &mut *self.value.get() }
+        }
+        #[cfg(loom)]
+        {
+            RecordMut {
+                access: self.value.get_mut(),
+                _cell: core::marker::PhantomData,
+            }
+        }
+    }
+}

@@ -20,8 +20,7 @@
 //! matter to the pool (free in the pool) are only entered and left under its lock, which
 //! orders them.
 
-use crate::sync::{AtomicPtr, AtomicU64, AtomicU8};
-use core::cell::UnsafeCell;
+use crate::sync::{AtomicPtr, AtomicU64, AtomicU8, RecordCell, RecordMut};
 use core::sync::atomic::Ordering;
 
 /// Index of a record in the table; [`NIL`] means none.
@@ -156,7 +155,7 @@ pub struct Block {
     pub tag: AtomicU64,
     /// A [`Place`] (Note [place is atomic]).
     place: AtomicU8,
-    data: UnsafeCell<BlockData>,
+    data: RecordCell<BlockData>,
 }
 
 // SAFETY: `data` is only accessed by the block's current owner (see the module note);
@@ -168,7 +167,7 @@ impl Block {
         Block {
             tag: AtomicU64::new(0),
             place: AtomicU8::new(Place::Unused as u8),
-            data: UnsafeCell::new(BlockData::EMPTY),
+            data: RecordCell::new(BlockData::EMPTY),
         }
     }
 
@@ -176,10 +175,10 @@ impl Block {
     ///
     /// # Safety
     /// The caller owns the block (module note), and holds no other reference to its data.
-    #[allow(clippy::mut_from_ref)]
     #[inline]
-    pub unsafe fn data(&self) -> &mut BlockData {
-        &mut *self.data.get()
+    pub unsafe fn data(&self) -> RecordMut<'_, BlockData> {
+        // SAFETY: the caller's contract.
+        unsafe { self.data.get_mut() }
     }
 
     /// Where the block is (Note [place is atomic]).

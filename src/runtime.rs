@@ -87,6 +87,9 @@ fn start() -> core::result::Result<Runtime, CupoolStatus> {
     config::ensure_loaded();
     config::freeze();
     // SAFETY: registering plain extern "C" functions that never unwind.
+    // Not under Miri, which has neither `atexit` nor `pthread_atfork` (FFI); its tests
+    // neither fork nor rely on exit handlers.
+    #[cfg(not(miri))]
     unsafe {
         // Exit: from here on no CUDA call (handlers run in reverse order of registration,
         // so this one runs before the teardown of a CUDA runtime initialised earlier).

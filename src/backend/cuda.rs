@@ -788,7 +788,9 @@ mod tests {
     #[test]
     fn context_table_maps_contexts_to_devices() {
         let table = ContextTable::new();
-        let ctx = |n: usize| (n * 0x100) as CUcontext;
+        let ctx = |n: usize| {
+            core::ptr::without_provenance_mut::<core::ffi::c_void>(n * 0x100) as CUcontext
+        };
         assert_eq!(table.device_of(ctx(1)), None);
         table.insert(ctx(1), 0);
         table.insert(ctx(2), 3);

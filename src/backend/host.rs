@@ -20,7 +20,10 @@ use std::collections::HashMap;
 mod faults;
 mod pages;
 mod pinned;
-use pages::{map_device_memory, reserve_address_space, unmap_device_memory};
+use pages::{
+    map_device_memory, map_granules, release_address_space, reserve_address_space,
+    unmap_device_memory, unmap_granules,
+};
 pub use pinned::HostPinnedCounters;
 
 /// Devices the host backend pretends to have.
@@ -501,7 +504,7 @@ impl Backend for HostBackend {
         drop(s);
         // SAFETY: the reservation was made by reserve_address_space with this size and
         // removed from the table once.
-        unsafe { libc::munmap(ptr as *mut libc::c_void, bytes as usize) };
+        unsafe { release_address_space(ptr, bytes) };
         Ok(())
     }
 
@@ -559,14 +562,7 @@ impl Backend for HostBackend {
             return Err(BackendError::InvalidValue);
         }
         // SAFETY: the granule lies inside a reservation of ours and nothing is mapped there.
-        let rc = unsafe {
-            libc::mprotect(
-                ptr as *mut libc::c_void,
-                bytes as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-            )
-        };
-        if rc != 0 {
+        if !unsafe { map_granules(ptr, bytes) } {
             return Err(BackendError::OutOfMemory);
         }
         s.vmm.handles.get_mut(&handle).unwrap().2 = Some(ptr);
@@ -588,14 +584,7 @@ impl Backend for HostBackend {
         s.vmm.unmaps += 1;
         // SAFETY: the granule was mapped by map_physical inside a reservation of ours; its
         // pages are dropped and made inaccessible, the address space stays reserved.
-        unsafe {
-            libc::madvise(
-                ptr as *mut libc::c_void,
-                bytes as usize,
-                libc::MADV_DONTNEED,
-            );
-            libc::mprotect(ptr as *mut libc::c_void, bytes as usize, libc::PROT_NONE);
-        }
+        unsafe { unmap_granules(ptr, bytes) };
         Ok(())
     }
 

@@ -66,7 +66,13 @@ impl DevicePool {
         // arena]).
         let take = |sh: &mut Shared, n: BlockIdx, junction: u64| {
             let shared = BLOCKS.get(n).place() == Place::FreeShared;
-            let nd = BLOCKS.get(n).data();
+            // Copied out, not a reference held across the removals: they take `n`'s record
+            // mutably themselves, and a `&mut BlockData` kept over that is invalidated
+            // (undefined behaviour; Miri, Stacked Borrows, in `pool_host`).
+            let (n_ptr, n_size) = {
+                let nd = BLOCKS.get(n).data();
+                (nd.ptr, nd.size)
+            };
             if shared {
                 sh.index(kind).remove(&BLOCKS, n);
             } else {
@@ -74,9 +80,9 @@ impl DevicePool {
                 st.index(kind).remove(&BLOCKS, n);
                 st.age.remove(&BLOCKS, n);
             }
-            if let Some(a) = sh.arena.as_mut().filter(|a| a.contains(nd.ptr)) {
+            if let Some(a) = sh.arena.as_mut().filter(|a| a.contains(n_ptr)) {
                 if shared {
-                    a.pin(nd.ptr, nd.size);
+                    a.pin(n_ptr, n_size);
                 }
                 a.merge_at(junction);
             }

@@ -13,7 +13,9 @@ impl DevicePool {
         // SAFETY: pool lock held; allocated blocks' fields are stable while allocated.
         unsafe {
             for (&base, &head) in sh.segments.iter() {
-                let hd = BLOCKS.get(head).data();
+                // A copy: the walk below takes the head's record again (a `&mut` held over
+                // that is invalidated; Miri, Stacked Borrows).
+                let hd = *BLOCKS.get(head).data();
                 if !hd.segment_head || hd.ptr != base {
                     return Err(format!("segment {base:#x}: bad head"));
                 }

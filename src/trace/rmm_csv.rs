@@ -775,7 +775,9 @@ mod tests {
             DriverAction::Map,
             DriverAction::Unmap,
         ];
-        for i in 0..20_000usize {
+        // Miri interprets every digit written: a few hundred rows still reach each edge.
+        let rows = if cfg!(miri) { 300 } else { 20_000usize };
+        for i in 0..rows {
             let mut pick = || {
                 if i % 7 == 0 {
                     edges[(number() % edges.len() as u64) as usize]

@@ -131,3 +131,20 @@ fn one_thread_per_device_each_in_its_own_pool() {
         rt.context_pool(ctx).unwrap().check_invariants().unwrap();
     }
 }
+
+/// A context on a device index the host backend does not have gets an error status from
+/// every call (it used to panic on the per-device index inside the backend).
+#[test]
+fn a_context_on_a_device_the_backend_lacks_gets_errors_not_a_panic() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, dev0) = setup_on(0);
+    let ghost = host.create_context(cupool::backend::host::HOST_DEVICES + 3);
+    assert!(rt.backend().memory_info(ghost.id).is_err());
+    host.make_current(ghost);
+    assert!(rt.alloc(4096).is_err());
+    assert!(rt.alloc((3 * MIB) as usize).is_err());
+    assert!(rt.alloc_async(4096, S1).is_err());
+    host.make_current(dev0);
+    let p = rt.alloc(4096).expect("the real device still works");
+    rt.free(p).unwrap();
+}

@@ -352,11 +352,15 @@ impl HostBackend {
         if (1..=HOST_DEVICES as u64).contains(&ctx.0) {
             return Ok(ctx.0 as i32 - 1);
         }
+        // A context made on a device this backend does not have (`create_context` takes
+        // any index) is refused here, where every call that indexes per-device state
+        // starts, rather than panicking on the index.
         self.state
             .lock()
             .contexts
             .get(&ctx.0)
             .copied()
+            .filter(|d| (0..HOST_DEVICES).contains(d))
             .ok_or(BackendError::InvalidValue)
     }
 

@@ -345,17 +345,14 @@ impl Runtime {
 
     /// Streamless free: reused only after a context fence recorded after this call completes.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
-        if legacy_order::active() {
-            // Note [legacy order]: a free on the legacy stream; traced as the program's
-            // streamless call.
-            let result = self.free_on_stream(ptr, legacy_order::LEGACY_STREAM, false);
-            if record::active() {
-                trace_free(result, ptr, None);
-            }
-            return result.map(|_| ());
-        }
         let result = handover::take_back(ptr).map(|taken: Taken| {
             let pool = taken.pool();
+            // Note [legacy order]: a block allocated in the mode (on the legacy stream, in
+            // its own pool's context) is freed on that stream; any other block as usual.
+            let (alloc_stream, alloc_handle) = taken.stream();
+            let on_legacy = legacy_order::active()
+                && alloc_stream != STREAMLESS
+                && alloc_handle == legacy_order::LEGACY_STREAM as u64;
             with_thread(|ts, cache| {
                 let c = ts.counters(pool.index);
                 let freed = Freed {
@@ -365,7 +362,15 @@ impl Runtime {
                     stream_id: record::NO_STREAM_ID,
                 };
                 pool.note_freed(c, taken.size(), taken.requested());
-                taken.to_fence_or_keep(cache);
+                if on_legacy {
+                    let s = StreamRef {
+                        id: alloc_stream,
+                        handle: legacy_order::LEGACY_STREAM,
+                    };
+                    taken.to_stream(cache, s);
+                } else {
+                    taken.to_fence_or_keep(cache);
+                }
                 freed
             })
         });
@@ -379,19 +384,16 @@ impl Runtime {
     /// with a context fence instead (the pool cannot know the two streams are ordered).
     #[inline]
     pub fn free_async(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<()> {
-        let result = self.free_on_stream(ptr, stream, true);
+        let result = self.free_on_stream(ptr, stream);
         if record::active() {
             trace_free(result, ptr, Some(stream as u64));
         }
         result.map(|_| ())
     }
 
-    /// `named`: the program named `stream` (a streamless free in legacy order does not).
     #[inline(always)]
-    fn free_on_stream(&self, ptr: DevicePtr, stream: StreamHandle, named: bool) -> Result<Freed> {
-        if named {
-            legacy_order::note_stream(stream);
-        }
+    fn free_on_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<Freed> {
+        legacy_order::note_stream(stream);
         let taken = handover::take_back(ptr)?;
         let pool = taken.pool();
         let (alloc_stream, alloc_handle) = taken.stream();
@@ -399,24 +401,18 @@ impl Runtime {
         // that handle now name another stream (the first one destroyed, a new one created
         // at the same address), the block is filed under the first stream's id, which no
         // stream will ever use again, so it is reused only after a context fence: safe.
-        let known = if alloc_stream != STREAMLESS && alloc_handle == stream as u64 {
-            Ok(alloc_stream)
-        } else if !named {
-            legacy_order::legacy_stream(self.backend, pool).map(|s| s.id)
+        let sid = if alloc_stream != STREAMLESS && alloc_handle == stream as u64 {
+            crate::backend::StreamId(alloc_stream)
         } else {
-            self.backend
-                .stream_id(stream)
-                .map(|sid| sid.0)
-                .map_err(CupoolStatus::from)
-        };
-        let sid = crate::backend::StreamId(match known {
-            Ok(id) => id,
-            Err(e) => {
-                // The stream cannot be identified: the program keeps the block.
-                taken.keep();
-                return Err(e);
+            match self.backend.stream_id(stream) {
+                Ok(sid) => sid,
+                Err(e) => {
+                    // The stream cannot be identified: the program keeps the block.
+                    taken.keep();
+                    return Err(e.into());
+                }
             }
-        });
+        };
         with_thread(|ts, cache| {
             let c = ts.counters(pool.index);
             let (size, requested) = (taken.size(), taken.requested());

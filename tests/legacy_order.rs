@@ -28,6 +28,18 @@ fn streamless_frees_are_reused_at_once_until_another_stream_is_used() {
         );
         assert_eq!(fences(), before, "{size}: no fence per reuse");
     }
+    // A block freed while another device's context is current goes back to its own pool,
+    // on its own context's legacy stream.
+    let other = host.create_context(1);
+    let before = fences();
+    let a = rt.alloc(3 << 20).unwrap();
+    host.make_current(other);
+    rt.free(a).unwrap();
+    host.make_current(ctx);
+    assert_eq!(rt.alloc(3 << 20).unwrap(), a, "back in its own pool at once");
+    rt.free(a).unwrap();
+    assert_eq!(fences(), before);
+    assert_eq!(rt.context_stats(other).unwrap().num_frees, 0);
     let kept = rt.alloc(1000).unwrap();
     // A stream-ordered call on another stream ends it, with one wait for queued work.
     let s = host_pool::S1;

@@ -11,6 +11,10 @@
 //!
 //! The LD_PRELOAD interposer lives in its own crate (`preload/`) on top of [`runtime`].
 
+// Under Miri the runtime registers no exit or fork handler (`src/runtime.rs`): those
+// handlers and their imports are unused there, and only there.
+#![cfg_attr(miri, allow(dead_code, unused_imports))]
+
 #[cfg(not(loom))]
 pub mod backend;
 #[cfg(not(loom))]

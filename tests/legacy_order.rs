@@ -36,7 +36,11 @@ fn streamless_frees_are_reused_at_once_until_another_stream_is_used() {
     host.make_current(other);
     rt.free(a).unwrap();
     host.make_current(ctx);
-    assert_eq!(rt.alloc(3 << 20).unwrap(), a, "back in its own pool at once");
+    assert_eq!(
+        rt.alloc(3 << 20).unwrap(),
+        a,
+        "back in its own pool at once"
+    );
     rt.free(a).unwrap();
     assert_eq!(fences(), before);
     assert_eq!(rt.context_stats(other).unwrap().num_frees, 0);

@@ -53,6 +53,15 @@ int main() {
   }
   long long fences_after = pool_fences();
   check("legacy_order.reuse_while_behind_keeps_order", bad == 0, "%llu bytes wrong", bad);
+  // Run as the suite runs it (the preload and legacy_order:on), the mode must have served
+  // these rounds: every reallocation the same block, and no fence. Elsewhere this says
+  // nothing, so that the data checks above can run natively too.
+  const char *conf = getenv("CUPOOL_CONF");
+  if (fences_before >= 0 && conf && strstr(conf, "legacy_order:on")) {
+    check("legacy_order.reused_at_once_without_fences",
+          reused == 50 && fences_after == fences_before, "%d of 50 reused, fences %lld -> %lld",
+          reused, fences_before, fences_after);
+  }
   info("legacy order: %d of 50 reallocations got the block back at once; pool fences %lld -> %lld",
        reused, fences_before, fences_after);
 

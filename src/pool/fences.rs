@@ -330,9 +330,7 @@ impl DevicePool {
             self.lone_fence_streak.store(next, Ordering::Relaxed);
         }
     }
-}
 
-impl DevicePool {
     /// Waits until the work queued in this pool's context so far has completed: one
     /// context fence, recorded and waited for (Note [legacy order] in the runtime). A
     /// capture in progress, or a driver error, is reported and nothing is waited for.

@@ -73,15 +73,21 @@ static int host_flags(const void *p)
     return get(p);
 }
 
-static void print_pool_stats(void)
+/* The pinned pool's statistics through the API the preload exports; 0 without it. */
+static int host_stats(cupool_host_stats *s)
 {
     cupool_status (*get)(cupool_host_stats *) =
         (cupool_status(*)(cupool_host_stats *))dlsym(RTLD_DEFAULT, "cupool_host_get_stats");
+    memset(s, 0, sizeof *s);
+    s->size = sizeof *s;
+    s->version = CUPOOL_HOST_STATS_VERSION;
+    return get && get(s) == CUPOOL_OK;
+}
+
+static void print_pool_stats(void)
+{
     cupool_host_stats s;
-    memset(&s, 0, sizeof s);
-    s.size = sizeof s;
-    s.version = CUPOOL_HOST_STATS_VERSION;
-    if (!get || get(&s) != CUPOOL_OK) {
+    if (!host_stats(&s)) {
         printf("pool.available=0\n");
         return;
     }
@@ -205,15 +211,10 @@ static void scenario_fork(void)
         void *c = NULL;
         int rc = drv.cuMemHostAlloc(&c, 64 * KIB, 0);
         int freed = rc == 0 ? drv.cuMemFreeHost(c) : -1;
-        cupool_status (*get)(cupool_host_stats *) =
-            (cupool_status(*)(cupool_host_stats *))dlsym(RTLD_DEFAULT, "cupool_host_get_stats");
         cupool_host_stats s;
-        memset(&s, 0, sizeof s);
-        s.size = sizeof s;
-        s.version = CUPOOL_HOST_STATS_VERSION;
         printf("child.alloc=%d\nchild.free=%d\nchild.driver_allocs=%llu\nchild.pool_stats_ok=%d\n",
                rc, freed, (unsigned long long)(counters().host_alloc - before),
-               get && get(&s) == CUPOOL_OK);
+               host_stats(&s));
         fflush(stdout);
         _exit(0);
     }

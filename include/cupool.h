@@ -288,6 +288,32 @@ typedef struct {
   uint64_t pending_fence_bytes;
 } cupool_host_stats;
 
+/**
+ * The `param` of `cupool_cupy_malloc` and `cupool_cupy_free` (CuPy passes it as
+ * `void *`); the caller keeps it alive as long as the allocator.
+ */
+typedef struct {
+  /**
+   * The caller's current stream (`cudaStream_t` as an integer): CuPy's
+   * `get_current_stream_ptr`. NULL: every allocation fails (how `enable()` checks that
+   * CuPy raises what is set).
+   */
+  ptrdiff_t (*current_stream)(void);
+  /**
+   * `PyErr_SetString`, to report a failure.
+   */
+  void (*set_error)(void*, const char*);
+  /**
+   * The exception type raised when the pool is out of memory (a subclass of CuPy's
+   * `OutOfMemoryError` taking a message).
+   */
+  void *out_of_memory_type;
+  /**
+   * The exception type raised for any other failure.
+   */
+  void *error_type;
+} cupool_cupy_hooks;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -352,6 +378,20 @@ cupool_status cupool_free(void *ptr);
  * Any pointer value may be passed for `ptr`; `stream` is NULL or a live stream.
  */
 cupool_status cupool_free_async(void *ptr, struct CUstream_st *stream);
+
+/**
+ * Frees a block in the order it was allocated in: in stream order on the stream it was
+ * allocated on (as `cupool_free_async` with that stream), or as `cupool_free` when it was
+ * allocated without a stream. For callers that do not keep each block's stream (CuPy's
+ * C-function allocator frees with the pointer only).
+ *
+ * `ptr` NULL returns `CUPOOL_OK`. Foreign or interior pointers return
+ * `CUPOOL_ERROR_INVALID_POINTER`, a block already freed `CUPOOL_ERROR_DOUBLE_FREE`.
+ *
+ * # Safety
+ * Any pointer value may be passed for `ptr`; the allocation's stream, if any, is live.
+ */
+cupool_status cupool_free_in_allocation_order(void *ptr);
 
 /**
  * Fills `*stats` with the statistics of `device`, or of all devices summed when `device`
@@ -520,6 +560,27 @@ cupool_status cupool_capture_begin(void);
  * it from a thread whose current context is the capture's.
  */
 cupool_status cupool_capture_end(void);
+
+/**
+ * CuPy's allocation hook: `size` bytes on `device` in stream order on CuPy's current
+ * stream. On failure sets a Python exception (out of memory: `hooks->out_of_memory_type`,
+ * after idle cached memory was released and the allocation retried) and returns
+ * `(void *)-1`, never NULL.
+ *
+ * # Safety
+ * `param` points to a live `CupoolCupyHooks`; called with the GIL held (as CuPy does).
+ */
+void *cupool_cupy_malloc(void *param, size_t size, int device);
+
+/**
+ * CuPy's free hook: frees a block `cupool_cupy_malloc` returned, in stream order on the
+ * stream it was allocated on. A pointer cupool did not hand out, or one freed twice, is
+ * reported on stderr and otherwise ignored (CuPy's free cannot fail).
+ *
+ * # Safety
+ * Any `ptr` value may be passed (it is looked up, never dereferenced).
+ */
+void cupool_cupy_free(void *param, void *ptr, int device);
 
 /**
  * Allocates `size` bytes in stream order on `stream` for device `device` (an ordinal, not

@@ -12,6 +12,7 @@
 //! state ownership and NULL rules for the C reader.
 
 pub mod capture;
+pub mod cupy;
 pub mod device;
 pub mod pinned;
 pub mod process_api;
@@ -264,6 +265,38 @@ pub unsafe extern "C" fn cupool_free_async(
         }
         let rt = runtime_if_started().ok_or(CupoolErrorInvalidPointer)?;
         rt.free_async(ptr as usize as DevicePtr, stream_handle(stream))
+    })
+}
+
+/// Frees a block in the order it was allocated in: in stream order on the stream it was
+/// allocated on (as `cupool_free_async` with that stream), or as `cupool_free` when it was
+/// allocated without a stream. For callers that do not keep each block's stream (CuPy's
+/// C-function allocator frees with the pointer only).
+///
+/// `ptr` NULL returns `CUPOOL_OK`. Foreign or interior pointers return
+/// `CUPOOL_ERROR_INVALID_POINTER`, a block already freed `CUPOOL_ERROR_DOUBLE_FREE`.
+///
+/// # Safety
+/// Any pointer value may be passed for `ptr`; the allocation's stream, if any, is live.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_free_in_allocation_order(ptr: *mut c_void) -> CupoolStatus {
+    if let Some(api) = process_api::other_copy() {
+        // A field past an older copy's `size` is not there to read.
+        let entry = (api.size >= process_api::SIZE_WITH_FREE_IN_ORDER)
+            .then_some(api.free_in_allocation_order)
+            .flatten();
+        return match entry {
+            Some(f) => f(ptr),
+            // An older copy owns the pool: without its stream, a free every copy can make.
+            None => (api.free)(ptr),
+        };
+    }
+    guard(|| {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let rt = runtime_if_started().ok_or(CupoolErrorInvalidPointer)?;
+        rt.free_in_allocation_order(ptr as usize as DevicePtr)
     })
 }
 

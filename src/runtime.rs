@@ -380,6 +380,17 @@ impl Runtime {
         result.map(|_| ())
     }
 
+    /// Frees a block in the order it was allocated in: on its allocation stream (with the
+    /// handle and stream id recorded then, so no driver call, and a handle reused by a
+    /// newer stream does not mislead it: Note in [`Runtime::free_on_stream`]), or without
+    /// a stream when it was allocated without one.
+    pub fn free_in_allocation_order(&self, ptr: DevicePtr) -> Result<()> {
+        match handover::allocation_stream(ptr) {
+            Some((id, handle)) if id != STREAMLESS => self.free_async(ptr, handle as StreamHandle),
+            _ => self.free(ptr),
+        }
+    }
+
     /// Stream-ordered free on `stream`. A block allocated on another stream is made safe
     /// with a context fence instead (the pool cannot know the two streams are ordered).
     #[inline]

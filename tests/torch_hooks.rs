@@ -257,3 +257,43 @@ fn device_aware_allocation_checks_its_arguments() {
         assert!(cupool_torch_alloc(usize::MAX, 0, null_mut()).is_null());
     }
 }
+
+#[test]
+fn a_free_in_allocation_order_goes_to_the_allocation_stream_or_waits_for_a_fence() {
+    use cupool::ffi::cupool_free_in_allocation_order;
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    // Allocated on S1: freed on S1 without naming it, so S1 takes it back at once.
+    let p = alloc(4096, S1);
+    assert_eq!(
+        unsafe { cupool_free_in_allocation_order(p) },
+        CupoolStatus::CupoolOk
+    );
+    assert_eq!(alloc(4096, S1), p, "back on S1 at once");
+    assert_eq!(
+        unsafe { cupool_free_in_allocation_order(p) },
+        CupoolStatus::CupoolOk
+    );
+    // Allocated without a stream: freed without one, so it waits for a fence (which never
+    // completes here) and no stream gets it.
+    let mut q = null_mut();
+    assert_eq!(
+        unsafe { cupool::ffi::cupool_alloc(&mut q, 8192) },
+        CupoolStatus::CupoolOk
+    );
+    assert_eq!(
+        unsafe { cupool_free_in_allocation_order(q) },
+        CupoolStatus::CupoolOk
+    );
+    assert_ne!(alloc(8192, S1), q, "a streamless block waits for its fence");
+    // Bad input: NULL is fine, a second free and a foreign pointer are reported.
+    assert_eq!(
+        unsafe { cupool_free_in_allocation_order(null_mut()) },
+        CupoolStatus::CupoolOk
+    );
+    let freed = unsafe { cupool_free_in_allocation_order(q) };
+    assert_eq!(freed, CupoolStatus::CupoolErrorDoubleFree);
+    let foreign = unsafe { cupool_free_in_allocation_order(0x10 as *mut c_void) };
+    assert_eq!(foreign, CupoolStatus::CupoolErrorInvalidPointer);
+    rt.context_pool(ctx).unwrap().check_invariants().unwrap();
+}

@@ -4,6 +4,17 @@ Installs an allocator with ``cupy.cuda.set_allocator`` that takes every device a
 from cupool, stream-ordered on CuPy's current stream and device; the memory goes back to
 the pool, on the same stream, when CuPy drops its last reference. CuPy's pinned host
 memory pool is left alone.
+
+Two allocators, the first that works:
+- **compiled** (CuPy's ``CFunctionAllocator`` over ``cupool_cupy_malloc`` /
+  ``cupool_cupy_free``): CuPy calls the library from its compiled code, which takes its
+  current stream from CuPy's own C function (``cupy.cuda.stream.__pyx_capi__``) and raises
+  CuPy's out-of-memory error itself (Note [CuPy's C-function allocator] in
+  ``src/ffi/cupy.rs``). No Python frame and no ctypes call per allocation.
+- **Python** (``allocate`` below), where CuPy lacks what the first needs, or does not raise
+  an error the library sets (checked once, at ``enable()``).
+
+``mode()`` says which one is installed.
 """
 
 from __future__ import annotations
@@ -101,15 +112,114 @@ def _bind() -> None:
     _alloc_fn, _free_fn = alloc, free
 
 
-def enable() -> None:
-    """Makes cupool CuPy's device allocator (``cupy.cuda.set_allocator``)."""
-    global _installed
+class _Hooks(ctypes.Structure):
+    """``cupool_cupy_hooks`` (include/cupool.h)."""
+
+    _fields_ = [
+        ("current_stream", ctypes.c_void_p),
+        ("set_error", ctypes.c_void_p),
+        ("out_of_memory_type", ctypes.c_void_p),
+        ("error_type", ctypes.c_void_p),
+    ]
+
+
+# The C signature of CuPy's ``get_current_stream_ptr`` as its Cython module exports it.
+_STREAM_FN_SIGNATURE = b"intptr_t (void)"
+_mode = None
+# What the compiled allocator refers to by address: kept alive while it is installed.
+_compiled_state: Any = None
+
+
+class AllocationError(RuntimeError):
+    """A cupool allocation for CuPy failed for a reason other than out of memory."""
+
+
+class _CheckError(RuntimeError):
+    """Raised through the compiled allocator once, by ``enable()``'s check."""
+
+
+def _capsule_pointer(capsule: Any) -> int | None:
+    """The C function in one of a Cython module's ``__pyx_capi__`` capsules, if it has
+    the signature ``intptr_t (void)``."""
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    try:
+        name = api.PyCapsule_GetName(capsule)
+        if name != _STREAM_FN_SIGNATURE:
+            return None
+        return api.PyCapsule_GetPointer(capsule, name)
+    except (TypeError, ValueError):
+        return None
+
+
+def _compiled_allocator() -> Any:
+    """CuPy's ``CFunctionAllocator`` over the library's CuPy hooks, with what it refers to,
+    or ``None`` where this CuPy cannot run it safely."""
     import cupy  # noqa: PLC0415
 
-    _bind()
-    cupy.cuda.set_allocator(allocate)
+    memory = cupy.cuda.memory
+    factory = getattr(memory, "CFunctionAllocator", None)
+    capi = getattr(getattr(cupy.cuda, "stream", None), "__pyx_capi__", None) or {}
+    stream_fn = _capsule_pointer(capi["get_current_stream_ptr"]) if (
+        "get_current_stream_ptr" in capi) else None
+    lib = _lib.lib()
+    malloc = getattr(lib, "cupool_cupy_malloc", None)
+    free = getattr(lib, "cupool_cupy_free", None)
+    if factory is None or not stream_fn or malloc is None or free is None:
+        return None
+    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+    set_error = address(ctypes.pythonapi.PyErr_SetString)
+
+    class OutOfMemoryError(memory.OutOfMemoryError):
+        """CuPy's out-of-memory error, with cupool's message."""
+
+        def __init__(self, message: str):
+            MemoryError.__init__(self, message)
+
+    # The check: a hooks struct without a stream source fails every allocation; CuPy must
+    # raise the error the library sets, not hand out the pointer it returns then.
+    check = _Hooks(None, set_error, id(_CheckError), id(_CheckError))
+    probe = factory(ctypes.addressof(check), address(malloc), address(free), check)
+    try:
+        probe.malloc(1)
+    except _CheckError:
+        pass
+    except BaseException:  # noqa: BLE001 - any other outcome: not safe to use
+        return None
+    else:
+        return None
+    hooks = _Hooks(stream_fn, set_error, id(OutOfMemoryError), id(AllocationError))
+    owner = (hooks, OutOfMemoryError)
+    allocator = factory(ctypes.addressof(hooks), address(malloc), address(free), owner)
+    return allocator, owner
+
+
+def enable() -> None:
+    """Makes cupool CuPy's device allocator (``cupy.cuda.set_allocator``): the compiled
+    one where this CuPy supports it, else the Python one (``mode()`` says which)."""
+    global _installed, _mode, _compiled_state
+    import cupy  # noqa: PLC0415
+
+    compiled = _compiled_allocator()
+    if compiled is not None:
+        allocator, owner = compiled
+        _compiled_state = (allocator, owner)
+        cupy.cuda.set_allocator(allocator.malloc)
+        _mode = "compiled"
+    else:
+        _bind()
+        cupy.cuda.set_allocator(allocate)
+        _mode = "python"
     _installed = True
 
 
 def enabled() -> bool:
     return _installed
+
+
+def mode() -> str | None:
+    """``"compiled"`` or ``"python"``: which allocator ``enable()`` installed (None before)."""
+    return _mode

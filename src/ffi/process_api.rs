@@ -65,7 +65,12 @@ pub struct ProcessApiV1 {
     pub host_stats_json: unsafe extern "C" fn(*mut c_char, usize, *mut usize) -> CupoolStatus,
     pub host_reset_peak_stats: unsafe extern "C" fn() -> CupoolStatus,
     pub host_empty_cache: unsafe extern "C" fn(*mut usize) -> CupoolStatus,
+    /// Appended: read only when `size` is at least [`SIZE_WITH_FREE_IN_ORDER`].
+    pub free_in_allocation_order: Option<unsafe extern "C" fn(*mut c_void) -> CupoolStatus>,
 }
+
+/// The table's size once `free_in_allocation_order` was appended.
+pub const SIZE_WITH_FREE_IN_ORDER: usize = core::mem::size_of::<ProcessApiV1>();
 
 static OWN_API: ProcessApiV1 = ProcessApiV1 {
     size: core::mem::size_of::<ProcessApiV1>(),
@@ -101,6 +106,7 @@ static OWN_API: ProcessApiV1 = ProcessApiV1 {
     host_stats_json: super::pinned::cupool_host_stats_json,
     host_reset_peak_stats: super::pinned::cupool_host_reset_peak_stats,
     host_empty_cache: super::pinned::cupool_host_empty_cache,
+    free_in_allocation_order: Some(super::cupool_free_in_allocation_order),
 };
 
 /// This copy's table, for the other copies of cupool in the process. Not in the header.

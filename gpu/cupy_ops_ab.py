@@ -1,0 +1,70 @@
+"""`cupy.empty` + `del` per pair under CuPy's own memory pool and under cupool's two CuPy
+allocators (compiled: CuPy's CFunctionAllocator over the library; python: the fallback),
+switched round by round inside ONE process, so that the process-to-process spread of the
+Python interpreter (±50% between fresh processes on the H100 hosts, docs/BENCHMARKS.md)
+does not decide the comparison.
+
+  CUPOOL_LIBRARY=.../libcupool.so PYTHONPATH=python python3 gpu/cupy_ops_ab.py [--rounds R]
+
+Each round times 2000 pairs per size in two loop shapes (each size alone; the sizes
+shuffled), for every allocator in turn; the report gives medians over rounds (ns per pair)
+and each cupool allocator's ratio to CuPy's pool.
+"""
+import argparse
+import random
+import statistics
+import time
+
+import cupy
+
+import cupool.cupy as cc
+
+SIZES = (512, 1 << 20, 64 << 20)
+PAIRS = 2000
+
+
+def loops(seed):
+    each = [[s] * PAIRS for s in SIZES]
+    mixed = [s for s in SIZES for _ in range(PAIRS)]
+    random.Random(seed).shuffle(mixed)
+    return {"each": each, "shuffled": [mixed]}
+
+
+def time_loop(order):
+    start = time.perf_counter_ns()
+    for s in order:
+        x = cupy.empty(s, dtype=cupy.uint8)
+        del x
+    return (time.perf_counter_ns() - start) / len(order)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    pool = cupy.cuda.MemoryPool()
+    cc.enable()
+    assert cc.mode() == "compiled", cc.mode()
+    compiled = cupy.cuda.get_allocator()
+    allocators = {"cupy pool": pool.malloc, "cupool compiled": compiled,
+                  "cupool python": cc.allocate}
+    results = {}
+    for r in range(args.rounds):
+        for name, fn in allocators.items():
+            cupy.cuda.set_allocator(fn)
+            for s in SIZES:  # warm: every size once
+                cupy.empty(s, dtype=cupy.uint8)
+            for shape, orders in loops(r).items():
+                for order in orders:
+                    key = (name, shape, order[0] if shape == "each" else "mixed")
+                    results.setdefault(key, []).append(time_loop(order))
+    cupy.cuda.runtime.deviceSynchronize()
+    print(f"{'allocator':16s} {'shape':9s} {'size':>9s} {'ns/pair':>8s} {'vs pool':>8s}")
+    for (name, shape, size), v in sorted(results.items(), key=lambda kv: (kv[0][1], str(kv[0][2]), kv[0][0])):
+        med = statistics.median(v)
+        base = statistics.median(results[("cupy pool", shape, size)])
+        print(f"{name:16s} {shape:9s} {str(size):>9s} {med:8.0f} {med / base:7.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -809,6 +809,24 @@ void *cupool_torch_alloc(size_t size, int device, struct CUstream_st *stream);
 void cupool_torch_free(void *ptr, size_t size, int device, struct CUstream_st *stream);
 
 /**
+ * Frees a block `cupool_torch_alloc` returned, on the stream it was allocated on, without
+ * being told that stream: the deleter of the C++ shim's tensors (Note [shim deleter]).
+ * A block recorded with `cupool_torch_record_stream` (on any stream) is freed without a
+ * stream instead (Note [record_stream]). `ptr` NULL does nothing; a pointer cupool did not
+ * hand out, or one freed twice, is reported on stderr and otherwise ignored.
+ *
+ * Note [shim deleter]: PyTorch's pluggable allocator keeps, for every block, the size,
+ * device and stream to pass to the free hook: a map entry under a mutex and a deleter
+ * context on the heap, made at each allocation and dropped at each free. The pool knows
+ * all three already, so the shim hands its tensors this function as their deleter, with
+ * the block as the context, and the pair skips that bookkeeping.
+ *
+ * # Safety
+ * Any `ptr` value may be passed (it is looked up, never dereferenced).
+ */
+void cupool_torch_delete(void *ptr);
+
+/**
  * PyTorch's allocator initialisation (`device_count` devices): starts the pool, so that a
  * backend that cannot start is reported here, once, instead of at the first tensor.
  */

@@ -345,50 +345,66 @@ impl Runtime {
 
     /// Streamless free: reused only after a context fence recorded after this call completes.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let result = handover::take_back(ptr).map(|taken: Taken| {
-            let pool = taken.pool();
-            // Note [legacy order]: a block allocated in the mode (on the legacy stream, in
-            // its own pool's context) is freed on that stream; any other block as usual.
-            let (alloc_stream, alloc_handle) = taken.stream();
-            let on_legacy = legacy_order::active()
-                && alloc_stream != STREAMLESS
-                && alloc_handle == legacy_order::LEGACY_STREAM as u64;
-            with_thread(|ts, cache| {
-                let c = ts.counters(pool.index);
-                let freed = Freed {
-                    requested: taken.requested(),
-                    size: taken.size(),
-                    device: pool.ctx.device,
-                    stream_id: record::NO_STREAM_ID,
-                };
-                pool.note_freed(c, taken.size(), taken.requested());
-                if on_legacy {
-                    let s = StreamRef {
-                        id: alloc_stream,
-                        handle: legacy_order::LEGACY_STREAM,
-                    };
-                    taken.to_stream(cache, s);
-                } else {
-                    taken.to_fence_or_keep(cache);
-                }
-                freed
-            })
-        });
+        let result = handover::take_back(ptr).map(Self::free_taken_streamless);
         if record::active() {
             trace_free(result, ptr, None);
         }
         result.map(|_| ())
     }
 
+    /// The rest of [`Runtime::free`], the block taken back.
+    fn free_taken_streamless(taken: Taken) -> Freed {
+        let pool = taken.pool();
+        // Note [legacy order]: a block allocated in the mode (on the legacy stream, in its
+        // own pool's context) is freed on that stream; any other block as usual.
+        let (alloc_stream, alloc_handle) = taken.stream();
+        let on_legacy = legacy_order::active()
+            && alloc_stream != STREAMLESS
+            && alloc_handle == legacy_order::LEGACY_STREAM as u64;
+        with_thread(|ts, cache| {
+            let c = ts.counters(pool.index);
+            let freed = Freed {
+                requested: taken.requested(),
+                size: taken.size(),
+                device: pool.ctx.device,
+                stream_id: record::NO_STREAM_ID,
+            };
+            pool.note_freed(c, taken.size(), taken.requested());
+            if on_legacy {
+                let s = StreamRef {
+                    id: alloc_stream,
+                    handle: legacy_order::LEGACY_STREAM,
+                };
+                taken.to_stream(cache, s);
+            } else {
+                taken.to_fence_or_keep(cache);
+            }
+            freed
+        })
+    }
+
     /// Frees a block in the order it was allocated in: on its allocation stream (with the
     /// handle and stream id recorded then, so no driver call, and a handle reused by a
     /// newer stream does not mislead it: Note in [`Runtime::free_on_stream`]), or without
-    /// a stream when it was allocated without one.
+    /// a stream when it was allocated without one. The block is looked up once.
     pub fn free_in_allocation_order(&self, ptr: DevicePtr) -> Result<()> {
-        match handover::allocation_stream(ptr) {
-            Some((id, handle)) if id != STREAMLESS => self.free_async(ptr, handle as StreamHandle),
-            _ => self.free(ptr),
+        let result = handover::take_back(ptr).map(|taken| {
+            let (alloc_stream, alloc_handle) = taken.stream();
+            if alloc_stream == STREAMLESS {
+                (Self::free_taken_streamless(taken), None)
+            } else {
+                let s = StreamRef {
+                    id: alloc_stream,
+                    handle: alloc_handle as StreamHandle,
+                };
+                (Self::free_taken_on_stream(taken, s), Some(alloc_handle))
+            }
+        });
+        if record::active() {
+            let stream = result.as_ref().ok().and_then(|&(_, s)| s);
+            trace_free(result.map(|(f, _)| f), ptr, stream);
         }
+        result.map(|_| ())
     }
 
     /// Stream-ordered free on `stream`. A block allocated on another stream is made safe
@@ -406,7 +422,6 @@ impl Runtime {
     fn free_on_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<Freed> {
         legacy_order::note_stream(stream);
         let taken = handover::take_back(ptr)?;
-        let pool = taken.pool();
         let (alloc_stream, alloc_handle) = taken.stream();
         // Freed with the handle it was allocated with: no need to ask the driver. Should
         // that handle now name another stream (the first one destroyed, a new one created
@@ -424,6 +439,18 @@ impl Runtime {
                 }
             }
         };
+        let s = StreamRef {
+            id: sid.0,
+            handle: stream,
+        };
+        Ok(Self::free_taken_on_stream(taken, s))
+    }
+
+    /// The rest of [`Runtime::free_on_stream`], the block taken back and the stream
+    /// identified: a block allocated on another stream waits for a context fence.
+    fn free_taken_on_stream(taken: Taken, s: StreamRef) -> Freed {
+        let pool = taken.pool();
+        let (alloc_stream, _) = taken.stream();
         with_thread(|ts, cache| {
             let c = ts.counters(pool.index);
             let (size, requested) = (taken.size(), taken.requested());
@@ -431,19 +458,15 @@ impl Runtime {
                 requested,
                 size,
                 device: pool.ctx.device,
-                stream_id: sid.0,
+                stream_id: s.id,
             };
             pool.note_freed(c, size, requested);
-            if alloc_stream != STREAMLESS && alloc_stream != sid.0 {
+            if alloc_stream != STREAMLESS && alloc_stream != s.id {
                 taken.to_fence(true);
-                return Ok(freed);
+            } else {
+                taken.to_stream(cache, s);
             }
-            let s = StreamRef {
-                id: sid.0,
-                handle: stream,
-            };
-            taken.to_stream(cache, s);
-            Ok(freed)
+            freed
         })
     }
 

@@ -9,7 +9,8 @@ use core::ffi::c_void;
 use core::ptr::null_mut;
 use cupool::ffi::device::{cupool_alloc_async_device, cupool_segment_of, cupool_segments_json};
 use cupool::ffi::torch::{
-    cupool_torch_alloc, cupool_torch_base_allocation, cupool_torch_free, cupool_torch_record_stream,
+    cupool_torch_alloc, cupool_torch_base_allocation, cupool_torch_delete, cupool_torch_free,
+    cupool_torch_record_stream,
 };
 use cupool::ffi::CUstream_st;
 use cupool::CupoolStatus;
@@ -295,5 +296,38 @@ fn a_free_in_allocation_order_goes_to_the_allocation_stream_or_waits_for_a_fence
     assert_eq!(freed, CupoolStatus::CupoolErrorDoubleFree);
     let foreign = unsafe { cupool_free_in_allocation_order(0x10 as *mut c_void) };
     assert_eq!(foreign, CupoolStatus::CupoolErrorInvalidPointer);
+    rt.context_pool(ctx).unwrap().check_invariants().unwrap();
+}
+
+#[test]
+fn the_shim_deleter_frees_on_the_allocation_stream_unless_recorded() {
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    // Not told the stream: S1 still takes the block back at once, S2 does not.
+    let p = alloc(4096, S1);
+    unsafe { cupool_torch_delete(p) };
+    assert_eq!(rt.context_stats(ctx).unwrap().allocated_bytes.current, 0);
+    assert_eq!(alloc(4096, S1), p, "back on S1 at once");
+    unsafe { cupool_torch_delete(p) };
+    assert_ne!(alloc(4096, S2), p, "S2 waits for a fence");
+
+    // Recorded on another stream: freed without a stream, so not even S1 gets it back.
+    let q = alloc(8192, S1);
+    unsafe { cupool_torch_record_stream(q, stream(S2)) };
+    unsafe { cupool_torch_delete(q) };
+    assert_ne!(alloc(8192, S1), q, "work on S2 may still use it");
+    assert!(rt.context_stats(ctx).unwrap().pending_fence_bytes >= 8192);
+
+    // NULL does nothing; a second free and a foreign pointer are reported and ignored.
+    let allocated = rt.context_stats(ctx).unwrap().allocated_bytes.current;
+    unsafe {
+        cupool_torch_delete(null_mut());
+        cupool_torch_delete(q);
+        cupool_torch_delete(0x10 as *mut c_void);
+    }
+    assert_eq!(
+        rt.context_stats(ctx).unwrap().allocated_bytes.current,
+        allocated
+    );
     rt.context_pool(ctx).unwrap().check_invariants().unwrap();
 }

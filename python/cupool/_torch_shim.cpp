@@ -5,11 +5,17 @@
 // - out of memory: the pluggable allocator hands a NULL pointer to the tensor; here it
 //   raises torch.OutOfMemoryError instead, as PyTorch's own allocator does;
 // - CUDA IPC of tensors (torch.multiprocessing): shareIpcHandle and getIpcDevPtr, which
-//   the pluggable allocator refuses ("does not yet support shareIPcHandle").
+//   the pluggable allocator refuses ("does not yet support shareIPcHandle");
+// - allocation and free without the pluggable allocator's per-block bookkeeping (a map
+//   entry under a mutex and a heap-allocated deleter context per tensor): a tensor's
+//   deleter is cupool_torch_delete with the block itself as its context, and cupool knows
+//   the block's stream (Note [shim deleter] in src/ffi/torch.rs).
 // Built at enable() time against the installed PyTorch (torch.utils.cpp_extension), since
 // PyTorch's C++ ABI differs between versions. Everything else is the pluggable allocator.
 #include <torch/extension.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <cuda_runtime_api.h>
 
@@ -33,15 +39,54 @@ using BaseAllocFn = void* (*)(void*, size_t*);
 // cupool_mem_get_info: free and total bytes of a device as cupool sees them (cached
 // memory counts as free); 0 on success.
 using MemInfoFn = int (*)(int, size_t*, size_t*);
+// cupool_torch_delete: frees a block on the stream it was allocated on.
+using DeleteFn = void (*)(void*);
+
+// Set once by install(), before the allocator hands out anything.
+DeleteFn g_delete = nullptr;
+
+// Every block's deleter: its context is the block itself.
+void delete_block(void* ptr) {
+  if (ptr != nullptr) g_delete(ptr);
+}
 
 struct CupoolAllocator final : Pluggable {
   CupoolAllocator(AllocFn alloc, FreeFn free, MemInfoFn mem_info)
-      : Pluggable(alloc, free), mem_info_(mem_info) {}
+      : Pluggable(alloc, free), alloc_(alloc), mem_info_(mem_info) {}
 
   c10::DataPtr allocate(size_t size) override {
-    c10::DataPtr p = Pluggable::allocate(size);
-    if (size != 0 && p.get() == nullptr) {
-      c10::DeviceIndex device = p.device().index();
+    c10::DeviceIndex device = -1;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    c10::Device where(c10::DeviceType::CUDA, device);
+    if (size == 0) return {nullptr, nullptr, &delete_block, where};
+    void* p = alloc_or_raise(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+    return {p, p, &delete_block, where};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
+
+  void* raw_alloc(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    c10::DeviceIndex device = -1;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return alloc_or_raise(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+    if (nbytes == 0) return nullptr;
+    c10::DeviceIndex device = -1;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return alloc_or_raise(nbytes, device, stream);
+  }
+
+  void raw_delete(void* ptr) override { delete_block(ptr); }
+
+  // A block of `size` bytes on `device` in stream order on `stream`; out of memory raises
+  // torch.OutOfMemoryError, as PyTorch's own allocator does (the pluggable allocator would
+  // give the tensor a NULL pointer).
+  void* alloc_or_raise(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    void* p = alloc_(size, device, stream);
+    if (p == nullptr) {
       size_t free_bytes = 0, total = 0;
       if (mem_info_(device, &free_bytes, &total) != 0) {
         free_bytes = total = 0;
@@ -49,7 +94,6 @@ struct CupoolAllocator final : Pluggable {
       // The message is made without iostreams: the stream inserters this extension gets
       // from the compiler's libstdc++ crashed inside PyTorch's process on an H100 host
       // (a segfault in ostream << unsigned long); one std::string goes to c10 as it is.
-      // The DataPtr's deleter frees NULL, which cupool ignores.
       std::string message = "CUDA out of memory (cupool). Tried to allocate " +
                             std::to_string(size) + " bytes on device " +
                             std::to_string(int(device)) + "; " + std::to_string(free_bytes) +
@@ -144,6 +188,7 @@ struct CupoolAllocator final : Pluggable {
  private:
   static constexpr char kHandleVersion = 2;
   static constexpr char kCudaMallocHandle = 'c';
+  AllocFn alloc_;
   MemInfoFn mem_info_;
   std::mutex ipc_mutex_;
   std::unordered_map<std::string, std::weak_ptr<void>> opened_;
@@ -158,8 +203,10 @@ F fn(uintptr_t address) {
 // (0: leave that hook unset).
 void install(uintptr_t alloc, uintptr_t free, uintptr_t init, uintptr_t reset,
              uintptr_t fraction, uintptr_t record_stream, uintptr_t base_alloc,
-             uintptr_t mem_info) {
-  TORCH_CHECK(alloc && free && mem_info, "cupool shim: alloc, free and mem_info are needed");
+             uintptr_t mem_info, uintptr_t delete_fn) {
+  TORCH_CHECK(alloc && free && mem_info && delete_fn,
+              "cupool shim: alloc, free, mem_info and delete are needed");
+  g_delete = fn<DeleteFn>(delete_fn);
   auto a = std::make_shared<CupoolAllocator>(fn<AllocFn>(alloc), fn<FreeFn>(free),
                                              fn<MemInfoFn>(mem_info));
   if (init) a->set_init_fn(fn<InitFn>(init));

@@ -75,7 +75,9 @@ def enable(shim: bool | None = None, vmm: bool | None = None) -> None:
     PyTorch's pluggable allocator and adds what plain C hooks cannot: out of memory raises
     ``torch.OutOfMemoryError`` (PyTorch's pluggable allocator would give the tensor a NULL
     pointer), and ``cudnn.benchmark = True`` works (the pluggable allocator raises "does
-    not yet support cacheInfo"). ``None`` (the default, or ``CUPOOL_TORCH_SHIM=1``/``0``):
+    not yet support cacheInfo"), and tensors skip the pluggable allocator's per-tensor
+    bookkeeping (their deleter frees the block on its allocation stream directly).
+    ``None`` (the default, or ``CUPOOL_TORCH_SHIM=1``/``0``):
     the shim when it builds, else the pluggable allocator with a warning saying what is
     lost. ``True``: the shim or an error. ``False``: the pluggable allocator.
 
@@ -182,6 +184,7 @@ def _install_shim(torch: Any) -> Any:
         _lib.function_address(hooks["set_record_stream_fn"]),
         _lib.function_address(hooks["set_base_alloc_fn"]),
         _lib.function_address("cupool_mem_get_info"),
+        _lib.function_address("cupool_torch_delete"),
     )
     return module
 

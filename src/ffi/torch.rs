@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `cupool_torch_alloc` | `void*(size_t, int, cudaStream_t)` | `CUDAPluggableAllocator(lib, alloc, free)` |
 //! | `cupool_torch_free` | `void(void*, size_t, int, cudaStream_t)` | the same |
+//! | `cupool_torch_delete` | `void(void*)` | the C++ shim's deleter (Note [shim deleter]) |
 //! | `cupool_torch_init` | `void(int device_count)` | `set_init_fn` |
 //! | `cupool_torch_empty_cache` | `void()` | `set_reset_fn` |
 //! | `cupool_torch_set_memory_fraction` | `void(double, int)` | `set_memory_fraction_fn` |
@@ -26,6 +27,7 @@
 //! `s` included. The blocks recorded so far are kept here, in a map looked at only while
 //! it is not empty (one relaxed load per free otherwise).
 
+use super::cupool_free_in_allocation_order;
 use super::device::{cupool_alloc_async_device, cupool_mem_get_info, cupool_segment_of};
 use super::{cupool_empty_cache, cupool_free, cupool_free_async, cupool_get_stats};
 use super::{cupool_set_memory_limit, CUstream_st};
@@ -53,8 +55,9 @@ static RECORDED: Mutex<Option<HashMap<usize, Vec<usize>>>> = Mutex::new(None);
 /// How many blocks `RECORDED` holds, so that frees skip its lock while it is empty.
 static RECORDED_COUNT: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether `ptr` was recorded on a stream other than `alloc_stream`; forgets it.
-fn take_recorded(ptr: usize, alloc_stream: usize) -> bool {
+/// Whether `ptr` was recorded on a stream other than `alloc_stream` (on any stream, when
+/// `alloc_stream` is `None`); forgets it.
+fn take_recorded(ptr: usize, alloc_stream: Option<usize>) -> bool {
     if RECORDED_COUNT.load(Ordering::Relaxed) == 0 {
         return false;
     }
@@ -63,7 +66,7 @@ fn take_recorded(ptr: usize, alloc_stream: usize) -> bool {
         return false;
     };
     RECORDED_COUNT.fetch_sub(1, Ordering::Relaxed);
-    streams.iter().any(|&s| s != alloc_stream)
+    streams.iter().any(|&s| Some(s) != alloc_stream)
 }
 
 /// Allocates `size` bytes for PyTorch on `device`, in stream order on `stream` (its current
@@ -173,7 +176,7 @@ pub unsafe extern "C" fn cupool_torch_free(
         return;
     }
     hook((), || {
-        let status = if take_recorded(ptr as usize, stream as usize) {
+        let status = if take_recorded(ptr as usize, Some(stream as usize)) {
             cupool_free(ptr)
         } else {
             match cupool_free_async(ptr, stream) {
@@ -187,6 +190,40 @@ pub unsafe extern "C" fn cupool_torch_free(
         if status != CupoolOk {
             crate::log::error(&format!(
                 "cupool: PyTorch freed {ptr:p} ({size} bytes, device {device}): {}",
+                status.as_str()
+            ));
+        }
+    })
+}
+
+/// Frees a block `cupool_torch_alloc` returned, on the stream it was allocated on, without
+/// being told that stream: the deleter of the C++ shim's tensors (Note [shim deleter]).
+/// A block recorded with `cupool_torch_record_stream` (on any stream) is freed without a
+/// stream instead (Note [record_stream]). `ptr` NULL does nothing; a pointer cupool did not
+/// hand out, or one freed twice, is reported on stderr and otherwise ignored.
+///
+/// Note [shim deleter]: PyTorch's pluggable allocator keeps, for every block, the size,
+/// device and stream to pass to the free hook: a map entry under a mutex and a deleter
+/// context on the heap, made at each allocation and dropped at each free. The pool knows
+/// all three already, so the shim hands its tensors this function as their deleter, with
+/// the block as the context, and the pair skips that bookkeeping.
+///
+/// # Safety
+/// Any `ptr` value may be passed (it is looked up, never dereferenced).
+#[no_mangle]
+pub unsafe extern "C" fn cupool_torch_delete(ptr: *mut c_void) {
+    if ptr.is_null() {
+        return;
+    }
+    hook((), || {
+        let status = if take_recorded(ptr as usize, None) {
+            cupool_free(ptr)
+        } else {
+            cupool_free_in_allocation_order(ptr)
+        };
+        if status != CupoolOk {
+            crate::log::error(&format!(
+                "cupool: PyTorch freed {ptr:p}: {}",
                 status.as_str()
             ));
         }
@@ -327,10 +364,16 @@ mod tests {
             m.insert(0x2000, vec![5]);
             RECORDED_COUNT.fetch_add(2, Ordering::Relaxed);
         }
-        assert!(take_recorded(0x1000, 5), "recorded on 7, allocated on 5");
-        assert!(!take_recorded(0x1000, 5), "forgotten after the free");
-        assert!(!take_recorded(0x2000, 5), "recorded on its own stream only");
-        assert!(!take_recorded(0x3000, 5));
+        assert!(
+            take_recorded(0x1000, Some(5)),
+            "recorded on 7, allocated on 5"
+        );
+        assert!(!take_recorded(0x1000, Some(5)), "forgotten after the free");
+        assert!(
+            !take_recorded(0x2000, Some(5)),
+            "recorded on its own stream only"
+        );
+        assert!(!take_recorded(0x3000, Some(5)));
     }
 
     #[test]

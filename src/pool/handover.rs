@@ -191,19 +191,6 @@ pub fn allocated_size(ptr: u64) -> u64 {
         .map_or(0, |b| unsafe { b.data() }.size)
 }
 
-/// The stream the program's block at `ptr` was allocated on, as (stream id, handle), or
-/// `None` for no block held there; the id is [`STREAMLESS`] for a streamless allocation.
-pub fn allocation_stream(ptr: u64) -> Option<(u64, u64)> {
-    let b = BLOCKS.try_get(ADDRESSES.get(ptr)?)?;
-    if !b.is_allocated_at(ptr) {
-        return None;
-    }
-    // SAFETY: an allocated block's fields do not change until the program frees it, and
-    // the caller is the program about to free it.
-    let d = unsafe { b.data() };
-    Some((d.stream, d.handle))
-}
-
 /// The pool of the block the program holds, starting at `ptr`.
 pub fn pool_holding(ptr: u64) -> Option<&'static DevicePool> {
     let b = BLOCKS.try_get(ADDRESSES.get(ptr)?)?;

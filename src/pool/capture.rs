@@ -13,10 +13,15 @@
 //! about to begin counts itself in `depth` and then waits until no thread is in
 //! `ordering_calls`. Either the caller sees the capture, or the capture waits for the
 //! caller's calls to end: as long as the calls in flight (a fence ~1 µs; a VMM map of
-//! several chunks tens of µs each). Each side reads the other's counter with a
+//! several chunks tens of µs each). The capture side reads `ordering_calls` with a
 //! read-modify-write (`fetch_add(0)`), which reads the latest value whatever the memory
-//! model: with plain loads the argument needs sequential consistency, which loom does not
-//! model (it failed the model check that way), and the calls are on slow paths.
+//! model. The calling side reads `depth` with a sequentially consistent load, which the
+//! argument needs sequential consistency for; loom does not model that (it failed the
+//! model check with loads on both sides), so under loom that read is a read-modify-write
+//! too ([`CaptureExclusion::depth_after_entering`]). A read-modify-write there on
+//! hardware cost every fencing thread a cache miss: each fence of one thread wrote
+//! `depth`'s line, which the next fence of every other thread then read (Note [fence
+//! counters apart] in `pool/mod.rs`).
 //! Model-checked in `tests/loom_lockfree.rs`.
 
 use crate::sync::AtomicU32;
@@ -26,7 +31,19 @@ use core::sync::atomic::Ordering::SeqCst;
 /// not overlap (Note [capture exclusion]).
 pub struct CaptureExclusion {
     depth: AtomicU32,
-    ordering_calls: AtomicU32,
+    /// On a line of its own: every fence writes it twice, and `depth` is read on every
+    /// fence (Note [fence counters apart] in `pool/mod.rs`).
+    ordering_calls: Apart<AtomicU32>,
+}
+
+#[repr(align(128))]
+struct Apart<T>(T);
+
+impl<T> core::ops::Deref for Apart<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 /// Proof that no capture can begin until it is dropped.
@@ -48,7 +65,7 @@ impl CaptureExclusion {
     pub fn new() -> Self {
         CaptureExclusion {
             depth: AtomicU32::new(0),
-            ordering_calls: AtomicU32::new(0),
+            ordering_calls: Apart(AtomicU32::new(0)),
         }
     }
 
@@ -84,10 +101,26 @@ impl CaptureExclusion {
     pub fn enter(&self) -> Option<OrderingCalls<'_>> {
         self.ordering_calls.fetch_add(1, SeqCst);
         let guard = OrderingCalls(self);
-        if self.depth.fetch_add(0, SeqCst) != 0 {
+        if self.depth_after_entering() != 0 {
             return None; // the guard's drop takes the count back
         }
         Some(guard)
+    }
+
+    /// `depth`, read after counting the caller in `ordering_calls` (Note [capture
+    /// exclusion]). A sequentially consistent load suffices in Rust's memory model: every
+    /// write to either counter is a sequentially consistent read-modify-write, so the
+    /// load and the capture side's `fetch_add` on `depth` are ordered in the single total
+    /// order of such operations, and one side sees the other. Loom models `SeqCst` as
+    /// acquire/release only, which would let both sides miss each other, so under loom the
+    /// read is a read-modify-write (which loom does order); on hardware a load, which keeps
+    /// `depth`'s line shared among the threads that fence (Note [fence counters apart]).
+    #[inline]
+    fn depth_after_entering(&self) -> u32 {
+        #[cfg(loom)]
+        return self.depth.fetch_add(0, SeqCst);
+        #[cfg(not(loom))]
+        return self.depth.load(SeqCst);
     }
 }
 
@@ -116,23 +149,23 @@ mod pool_side {
         /// (Note [capture exclusion]).
         pub fn capture_begin(&self) {
             OWN_CAPTURES.with(|c| c.set(c.get() + 1));
-            self.captures.begin();
+            self.fence_side.captures.begin();
         }
 
         /// The capture begun on the calling thread is over.
         pub fn capture_end(&self) {
             OWN_CAPTURES.with(|c| c.set(c.get().saturating_sub(1)));
-            self.captures.end();
+            self.fence_side.captures.end();
         }
 
         pub fn capturing(&self) -> bool {
-            self.captures.capturing()
+            self.fence_side.captures.capturing()
         }
 
         /// `None` while a capture is open; otherwise no capture of this context begins
         /// until the guard is dropped (Note [capture exclusion]).
         pub(in crate::pool) fn enter_ordering_calls(&self) -> Option<OrderingCalls<'_>> {
-            self.captures.enter()
+            self.fence_side.captures.enter()
         }
     }
 }

@@ -146,7 +146,8 @@ impl DevicePool {
         let _calls = self.enter_ordering_calls()?;
         match self.backend.record_context_fence(self.ctx.id) {
             Ok(ev) => {
-                self.thread_fences
+                self.fence_side
+                    .thread_fences
                     .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
                 Some(ev)
             }

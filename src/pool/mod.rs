@@ -295,14 +295,11 @@ pub struct DevicePool {
     /// [`LIMIT_FROM_CONFIG`] = the `memory_limit` option (read when growing, so a change of
     /// the option takes effect at once).
     limit: AtomicU64,
-    /// Fences threads recorded for the streamless frees they keep (Note [thread fences]),
-    /// counted without the pool lock.
-    thread_fences: AtomicU64,
+    /// Written at every fence a thread records: on lines of their own, away from the
+    /// read-mostly fields every call reads (Note [fence counters apart]).
+    fence_side: LineApart<FenceSide>,
     /// The device's total memory, once asked (Note [release bound]).
     device_total: AtomicU64,
-    /// Captures open in this pool's context, and the driver calls they exclude (Note
-    /// [capture exclusion] in `capture.rs`).
-    captures: capture::CaptureExclusion,
     /// Misses in a row served by a fence pass that made exactly one large block reusable
     /// (Note [lone fences]). A heuristic's count: outside the pool lock, and a lost update
     /// between racing threads only moves the second copy a little.
@@ -314,6 +311,25 @@ pub struct DevicePool {
     vmm: AtomicBool,
     /// Bytes the pool keeps through releases (Note [reserve]).
     reserve_floor: AtomicU64,
+}
+
+/// Note [fence counters apart]: every context fence a thread records enters and leaves the
+/// capture exclusion and counts itself. Those counters shared a cache line with the pool's
+/// backend, context and index, which every call reads, and the capture side's `depth`
+/// shared one with `ordering_calls`, which every fence writes: each fence of one thread
+/// made the next calls and fences of every other thread miss. perf, host backend, two
+/// threads, `thread_cache_streamless:true`: the load of `depth` took 64% of the samples of
+/// `record_thread_fence`, 17% of all. With the counters on lines of their own (and
+/// `depth` read by a load: Note [capture exclusion]) that function fell to 4%, and the
+/// pairs went from 14.6–16.1 to 15.5–18.2 M/s on two threads (23.3–24.3 to 24.4–25.0 on
+/// one; 3 interleaved runs each, docs/BENCHMARKS.md).
+struct FenceSide {
+    /// Captures open in this pool's context, and the driver calls they exclude (Note
+    /// [capture exclusion] in `capture.rs`).
+    captures: capture::CaptureExclusion,
+    /// Fences threads recorded for the streamless frees they keep (Note [thread fences]),
+    /// counted without the pool lock.
+    thread_fences: AtomicU64,
 }
 
 /// Keeps a value on cache lines of its own: the pool lock's word is written by every
@@ -358,9 +374,11 @@ impl DevicePool {
             })),
             events: std::sync::Mutex::new(()),
             limit: AtomicU64::new(LIMIT_FROM_CONFIG),
-            thread_fences: AtomicU64::new(0),
+            fence_side: LineApart(FenceSide {
+                captures: capture::CaptureExclusion::new(),
+                thread_fences: AtomicU64::new(0),
+            }),
             device_total: AtomicU64::new(0),
-            captures: capture::CaptureExclusion::new(),
             lone_fence_streak: AtomicU32::new(0),
             peak_epoch: AtomicU64::new(0),
             peaks: core::array::from_fn(|_| AtomicU64::new(0)),

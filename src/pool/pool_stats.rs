@@ -53,7 +53,7 @@ impl DevicePool {
         s.device_frees = slow.device_frees;
         s.alloc_retries = slow.retries;
         s.num_ooms = slow.ooms;
-        s.fences_recorded = slow.fences + self.thread_fences.load(Ordering::Relaxed);
+        s.fences_recorded = slow.fences + self.fence_side.thread_fences.load(Ordering::Relaxed);
         s.cross_stream_frees = slow.cross_stream;
         s.inactive_split_bytes = frag.inactive_split;
         s.pending_fence_bytes = frag.pending_fence;

@@ -12,6 +12,18 @@ pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
 
+/// Keeps a value on cache lines of its own (two, for the adjacent-line prefetcher): for a
+/// value written often by several threads next to values others read on every call.
+#[repr(align(128))]
+pub(crate) struct LineApart<T>(pub(crate) T);
+
+impl<T> core::ops::Deref for LineApart<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// A record's fields, written by one owner at a time (the pool's hand-over rules).
 pub struct RecordCell<T> {
     #[cfg(not(loom))]

@@ -24,7 +24,7 @@
 //! counters apart] in `pool/mod.rs`).
 //! Model-checked in `tests/loom_lockfree.rs`.
 
-use crate::sync::AtomicU32;
+use crate::sync::{AtomicU32, LineApart};
 use core::sync::atomic::Ordering::SeqCst;
 
 /// The captures open in one context, and the threads making driver calls a capture must
@@ -33,17 +33,7 @@ pub struct CaptureExclusion {
     depth: AtomicU32,
     /// On a line of its own: every fence writes it twice, and `depth` is read on every
     /// fence (Note [fence counters apart] in `pool/mod.rs`).
-    ordering_calls: Apart<AtomicU32>,
-}
-
-#[repr(align(128))]
-struct Apart<T>(T);
-
-impl<T> core::ops::Deref for Apart<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
+    ordering_calls: LineApart<AtomicU32>,
 }
 
 /// Proof that no capture can begin until it is dropped.
@@ -65,7 +55,7 @@ impl CaptureExclusion {
     pub fn new() -> Self {
         CaptureExclusion {
             depth: AtomicU32::new(0),
-            ordering_calls: Apart(AtomicU32::new(0)),
+            ordering_calls: LineApart(AtomicU32::new(0)),
         }
     }
 

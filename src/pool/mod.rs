@@ -66,6 +66,7 @@ pub use size_policy::{LARGE_SPLIT_MIN, SMALL_MAX};
 use crate::backend::{Backend, ContextInfo, EventHandle, StreamHandle};
 use crate::config::{self, Key};
 use crate::status::{CupoolStatus, Result};
+use crate::sync::LineApart;
 use address_map::AddressMap;
 use block::{BlockIdx, BlockTable, SegmentKind};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -288,6 +289,10 @@ pub struct DevicePool {
     pub index: u16,
     pub ctx: ContextInfo,
     backend: &'static dyn Backend,
+    /// On lines of its own: the lock's word is written by every thread that takes it,
+    /// while the fields beside it (index, context, backend) are read on every allocation
+    /// and free; sharing a line made the lines bounce between cores (perf: the loads of
+    /// `index` and `ctx.device` in `free`).
     shared: LineApart<spin::Mutex<Shared>>,
     /// A blocking mutex, not a spin lock: it is held across backend calls (Note [locks]).
     events: std::sync::Mutex<()>,
@@ -330,20 +335,6 @@ struct FenceSide {
     /// Fences threads recorded for the streamless frees they keep (Note [thread fences]),
     /// counted without the pool lock.
     thread_fences: AtomicU64,
-}
-
-/// Keeps a value on cache lines of its own: the pool lock's word is written by every
-/// thread that takes it, and the pool's read-mostly fields beside it (its index, context,
-/// backend) are read on every allocation and free; sharing a line made the lines bounce
-/// between cores (perf: the loads of `index` and `ctx.device` in `free`).
-#[repr(align(128))]
-struct LineApart<T>(T);
-
-impl<T> core::ops::Deref for LineApart<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
 }
 
 impl DevicePool {

@@ -54,6 +54,9 @@ static DEVICE_LIMITS: [AtomicU64; MAX_DEVICES] =
     [const { AtomicU64::new(pool::LIMIT_FROM_CONFIG) }; MAX_DEVICES];
 
 static FORK_CHILD: AtomicBool = AtomicBool::new(false);
+/// Set by the interposer when it loads: its hooks see every capture of the process, so
+/// the pool, whoever starts it, need not ask the driver (Note [captures seen by hooks]).
+static INTERPOSER_REPORTS_CAPTURES: AtomicBool = AtomicBool::new(false);
 static RUNTIME: spin::Once<core::result::Result<Runtime, CupoolStatus>> = spin::Once::new();
 
 /// The process's allocator.
@@ -116,10 +119,15 @@ fn start() -> core::result::Result<Runtime, CupoolStatus> {
         });
     }
     match crate::backend::cuda::CudaBackend::new() {
-        Ok(b) => Ok(Runtime {
-            backend: Box::leak(Box::new(b)),
-            host: None,
-        }),
+        Ok(b) => {
+            if INTERPOSER_REPORTS_CAPTURES.load(Ordering::Relaxed) {
+                b.captures_reported_by_caller();
+            }
+            Ok(Runtime {
+                backend: Box::leak(Box::new(b)),
+                host: None,
+            })
+        }
         Err(e) => {
             crate::log::error(&format!(
                 "cupool: the CUDA backend is unavailable ({e:?}): no usable libcuda.so.1 or device; \
@@ -600,6 +608,21 @@ impl Runtime {
     /// its own driver probe for captures before each context fence.
     pub fn captures_reported_by_caller(&self) {
         self.backend.captures_reported_by_caller();
+    }
+
+    /// From the interposer's load-time constructor (an atomic store only): its hooks will
+    /// report every capture of the process, so the pool started later, by a hook or by a
+    /// call of the C API, skips the driver probe from its first fence.
+    ///
+    /// Note [captures seen by hooks]: the interposer told a running pool so at the first
+    /// hook that reached it. A program that reached the pool only through the C API (the
+    /// interposer's own exports, or a linked libcupool forwarding to them) never ran such a
+    /// hook, so each of its context fences asked `cuStreamIsCapturing` as well (the fake
+    /// driver's call log of 1200 pinned pairs: 864 fences, 864 probes). Its captures pass
+    /// through the hooks all the same (the CUDA runtime reaches `cuStreamBeginCapture`
+    /// through the hooked `cuGetProcAddress`).
+    pub fn interposer_reports_captures() {
+        INTERPOSER_REPORTS_CAPTURES.store(true, Ordering::Relaxed);
     }
 
     /// A stream capture began in `ctx`: until the matching end, no fence, synchronisation

@@ -126,5 +126,7 @@ pub fn on_load() {
     cupool::runtime::claim_stats_at_exit();
     if !cupool::ffi::process_api::forwards_to_other_copy() {
         cupool::ffi::set_interposition_active(true);
+        // Note [captures seen by hooks].
+        cupool::runtime::Runtime::interposer_reports_captures();
     }
 }

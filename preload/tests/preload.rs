@@ -592,6 +592,37 @@ fn interposition_is_reported_only_under_the_preload() {
     );
 }
 
+/// Note [captures seen by hooks]: under the preload the pool skips the driver's capture
+/// probe before its fences even when the program reaches it only through the C API (no
+/// hook ever ran); without the preload (the API library alone) it still asks.
+#[test]
+fn api_only_programs_under_the_preload_make_no_capture_probe() {
+    let exe = support::api_program();
+    for preload in [true, false] {
+        let log = support::scratch().join(format!("api-probe-{preload}.log"));
+        let _ = std::fs::remove_file(&log);
+        let out = run_ok(
+            &exe,
+            &["200"],
+            preload,
+            &[("FAKE_CUDA_LOG", log.to_str().unwrap())],
+        );
+        assert_eq!(out.get("pair_failures"), "0");
+        let logged = std::fs::read_to_string(&log).expect("the fake wrote its log");
+        let count = |call: &str| logged.lines().filter(|l| l.starts_with(call)).count();
+        assert!(
+            count("cuCtxRecordEvent") > 0,
+            "the frees were fenced: {logged}"
+        );
+        let probes = count("cuStreamIsCapturing");
+        if preload {
+            assert_eq!(probes, 0, "no probe under the preload");
+        } else {
+            assert!(probes > 0, "the API library alone asks the driver");
+        }
+    }
+}
+
 /// RTLD_NEXT stays relative to the caller (glibc finds it from the return address), and a
 /// handle's own definition of a hooked name is returned unchanged.
 #[test]

@@ -9,12 +9,11 @@
 mod host_pool;
 
 use cupool::backend::StreamHandle;
-use host_pool::{alloc_free_pairs, setup, S1, S2};
+use host_pool::{alloc_free_pairs, setup, setup_held, S1, S2};
 
 #[test]
 fn a_poll_finds_the_newest_completed_fence_in_logarithmic_queries() {
-    let (rt, host, ctx) = setup();
-    host.set_manual_completion(ctx.id, true);
+    let (rt, host, ctx) = setup_held();
     let size = 12 << 20;
     // With all work held in flight, each allocation after the first records a fence for
     // the previous free and, finding it incomplete, grows.
@@ -41,8 +40,7 @@ fn a_poll_finds_the_newest_completed_fence_in_logarithmic_queries() {
 
 #[test]
 fn fences_stop_being_recorded_while_the_device_is_far_behind() {
-    let (rt, host, ctx) = setup();
-    host.set_manual_completion(ctx.id, true);
+    let (rt, host, ctx) = setup_held();
     let size = 11 << 20;
     let blocks = alloc_free_pairs(rt, 80, size);
     let s = rt.context_stats(ctx).unwrap();
@@ -69,8 +67,7 @@ fn fences_stop_being_recorded_while_the_device_is_far_behind() {
 
 #[test]
 fn another_stream_waits_for_the_free_event() {
-    let (rt, host, ctx) = setup();
-    host.set_manual_completion(ctx.id, true);
+    let (rt, host, ctx) = setup_held();
     // 30 MiB: a segment of its own, so the only way to avoid a new segment is reuse.
     let n = 30 << 20;
     let a = rt.alloc_async(n, S1).unwrap();
@@ -100,8 +97,7 @@ fn another_stream_waits_for_the_free_event() {
 
 #[test]
 fn streamless_free_is_reused_only_after_a_fence() {
-    let (rt, host, ctx) = setup();
-    host.set_manual_completion(ctx.id, true);
+    let (rt, host, ctx) = setup_held();
     // 30 MiB: each block is a segment of its own, so only reuse can avoid a new segment.
     let n = 30 << 20;
     let a = rt.alloc(n).unwrap();
@@ -121,8 +117,7 @@ fn streamless_free_is_reused_only_after_a_fence() {
 
 #[test]
 fn free_on_another_stream_is_fenced() {
-    let (rt, host, ctx) = setup();
-    host.set_manual_completion(ctx.id, true);
+    let (rt, host, ctx) = setup_held();
     let a = rt.alloc_async(8192, S1).unwrap();
     rt.free_async(a, S2).unwrap();
     let b = rt.alloc_async(8192, S2).unwrap();
@@ -143,8 +138,7 @@ fn free_on_another_stream_is_fenced() {
 /// must not go to the second while the first one's work may still run.
 #[test]
 fn a_reused_stream_handle_does_not_inherit_blocks() {
-    let (rt, host, ctx) = setup();
-    host.set_manual_completion(ctx.id, true);
+    let (rt, host, ctx) = setup_held();
     let h: StreamHandle = 0x7700;
     let n = 30 << 20;
     let a = rt.alloc_async(n, h).unwrap();

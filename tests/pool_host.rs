@@ -9,7 +9,7 @@ mod host_pool;
 use cupool::backend::ContextInfo;
 use cupool::pool::LARGE_SPLIT_MIN;
 use cupool::CupoolStatus;
-use host_pool::{setup, setup_on, S1, S2};
+use host_pool::{setup, setup_held, setup_on, S1, S2};
 use proptest::prelude::*;
 
 fn round(n: u64) -> u64 {
@@ -465,8 +465,7 @@ fn a_much_larger_cached_block_is_split_not_handed_out_whole() {
 /// as large as the segment reuses it without a fence and without growing.
 #[test]
 fn pieces_freed_on_a_stream_merge_before_any_fence() {
-    let (rt, host, ctx) = setup();
-    host.set_manual_completion(ctx.id, true);
+    let (rt, host, ctx) = setup_held();
     const MIB: usize = 1 << 20;
     // Above thread_cache_max_block: these go straight to the stream's index.
     let whole = rt.alloc_async(200 * MIB, S1).unwrap();

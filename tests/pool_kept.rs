@@ -8,7 +8,7 @@
 
 mod host_pool;
 
-use host_pool::setup;
+use host_pool::{setup, setup_held};
 use std::sync::Mutex;
 
 static OPTIONS: Mutex<()> = Mutex::new(());
@@ -60,8 +60,7 @@ fn a_streamless_loop_reuses_its_own_blocks_with_one_fence_per_batch() {
 #[test]
 fn a_kept_block_is_not_reused_before_its_fence_completes() {
     with_kept(|| {
-        let (rt, host, ctx) = setup();
-        host.set_manual_completion(ctx.id, true);
+        let (rt, host, ctx) = setup_held();
         // 16 frees fill a quarter batch; the next miss closes it with a fence that the
         // simulated device has not reached.
         let first: Vec<u64> = (0..16).map(|_| rt.alloc(4096).unwrap()).collect();

@@ -6,7 +6,7 @@
 
 mod host_pool;
 
-use host_pool::{setup, S1};
+use host_pool::{setup, setup_held, S1};
 
 const MIB: u64 = 1 << 20;
 
@@ -54,8 +54,7 @@ fn a_split_segment_reports_its_free_remainder() {
 
 #[test]
 fn frees_waiting_for_a_fence_are_pending_until_it_completes() {
-    let (rt, host, ctx) = setup();
-    host.set_manual_completion(ctx.id, true);
+    let (rt, host, ctx) = setup_held();
     // Over half the large segment size (20 MiB): a segment of its own each.
     let a = rt.alloc(12 * MIB as usize).unwrap();
     let b = rt.alloc(14 * MIB as usize).unwrap();

@@ -14,7 +14,7 @@ use cupool::ffi::torch::{
 };
 use cupool::ffi::CUstream_st;
 use cupool::CupoolStatus;
-use host_pool::{setup, S1, S2};
+use host_pool::{setup, setup_held, S1, S2};
 
 fn stream(handle: usize) -> *mut CUstream_st {
     handle as *mut CUstream_st
@@ -32,9 +32,8 @@ fn free(p: *mut c_void, size: usize, handle: usize) {
 
 #[test]
 fn allocations_are_stream_ordered_on_the_current_context() {
-    let (rt, host, ctx) = setup();
     // Fences never complete: only a same-stream reuse can hand a block out again.
-    host.set_manual_completion(ctx.id, true);
+    let (rt, _host, ctx) = setup_held();
     let p = alloc(1000, S1);
     let s = rt.context_stats(ctx).unwrap();
     assert_eq!(
@@ -56,8 +55,7 @@ fn allocations_are_stream_ordered_on_the_current_context() {
 
 #[test]
 fn a_block_recorded_on_another_stream_waits_for_a_fence() {
-    let (rt, host, ctx) = setup();
-    host.set_manual_completion(ctx.id, true);
+    let (rt, host, ctx) = setup_held();
     let p = alloc(4096, S1);
     unsafe { cupool_torch_record_stream(p, stream(S2)) };
     free(p, 4096, S1);
@@ -262,8 +260,7 @@ fn device_aware_allocation_checks_its_arguments() {
 #[test]
 fn a_free_in_allocation_order_goes_to_the_allocation_stream_or_waits_for_a_fence() {
     use cupool::ffi::cupool_free_in_allocation_order;
-    let (rt, host, ctx) = setup();
-    host.set_manual_completion(ctx.id, true);
+    let (rt, _host, ctx) = setup_held();
     // Allocated on S1: freed on S1 without naming it, so S1 takes it back at once.
     let p = alloc(4096, S1);
     assert_eq!(
@@ -301,8 +298,7 @@ fn a_free_in_allocation_order_goes_to_the_allocation_stream_or_waits_for_a_fence
 
 #[test]
 fn the_shim_deleter_frees_on_the_allocation_stream_unless_recorded() {
-    let (rt, host, ctx) = setup();
-    host.set_manual_completion(ctx.id, true);
+    let (rt, _host, ctx) = setup_held();
     // Not told the stream: S1 still takes the block back at once, S2 does not.
     let p = alloc(4096, S1);
     unsafe { cupool_torch_delete(p) };

@@ -136,11 +136,8 @@ pub unsafe extern "C" fn cupool_cupy_malloc(
 #[no_mangle]
 pub unsafe extern "C" fn cupool_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
     let _ = param; // CuPy passes it; the block knows its stream
-    let freed = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: the caller's contract.
-        unsafe { cupool_free_in_allocation_order(ptr) }
-    }))
-    .unwrap_or(CupoolErrorInternal);
+                   // SAFETY: the caller's contract. The export catches its own panics.
+    let freed = unsafe { cupool_free_in_allocation_order(ptr) };
     if freed != CupoolOk {
         crate::log::error(&format!(
             "cupool: CuPy freed {ptr:p} (device {device}): {}",

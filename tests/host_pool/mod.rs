@@ -14,6 +14,14 @@ pub fn setup() -> (&'static Runtime, &'static HostBackend, ContextInfo) {
     setup_on(0)
 }
 
+/// As [`setup`], with the context's fences held in flight until the test completes them
+/// (`complete_all`, `complete_oldest`): only a same-stream reuse hands a block out again.
+pub fn setup_held() -> (&'static Runtime, &'static HostBackend, ContextInfo) {
+    let (rt, host, ctx) = setup();
+    host.set_manual_completion(ctx.id, true);
+    (rt, host, ctx)
+}
+
 /// As [`setup`], on `device`: each test gets a context (so a pool and statistics) of its own.
 ///
 /// The pool is the segment pool (`vmm:off`): these tests count segments, fences and

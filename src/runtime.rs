@@ -2,19 +2,25 @@
 //!
 //! Used by the C boundary (`ffi`) and by the LD_PRELOAD interposer crate. Every method
 //! returns a status; none panics on bad input.
+//!
+//! Here: starting the runtime, allocation paths, lookups, statistics and limits; `frees`:
+//! the free paths; `captures`: stream captures and peer access reported by the interposer
+//! and the C API; the other submodules as their names say.
 
 use crate::backend::host::HostBackend;
 use crate::backend::{Backend, ContextId, ContextInfo, DevicePtr, StreamHandle};
 use crate::config::{self, Key};
-use crate::pool::handover::{self, Taken};
+use crate::pool::handover::{self};
 use crate::pool::size_class::{round_size, MAX_SIZE};
 use crate::pool::thread_cache::{self, with_thread};
-use crate::pool::{self, DevicePool, StreamRef, ADDRESSES, BLOCKS, STREAMLESS};
+use crate::pool::{self, DevicePool, StreamRef};
 use crate::stats::CupoolStats;
 use crate::status::{CupoolStatus, Result};
 use crate::trace::record;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+mod captures;
+mod frees;
 pub mod ipc;
 mod layout;
 pub mod legacy_order;
@@ -28,7 +34,7 @@ pub use lifecycle::{
     write_stats_at_exit,
 };
 use lifecycle::{on_exit, on_fork_child, print_stats_at_exit, STATS_AT_EXIT_CLAIMED};
-use tracing::{trace_allocation, trace_free, Freed, Seen};
+use tracing::{trace_allocation, Seen};
 
 pub use layout::{to_json as segments_json, BlockView, SegmentView};
 
@@ -333,151 +339,6 @@ impl Runtime {
         })
     }
 
-    /// Gives the calling thread's cached blocks back to the shared pool (where other
-    /// streams can get them once their events complete).
-    pub fn flush_thread_cache(&self) {
-        with_thread(|_, cache| {
-            if let Some(cache) = cache {
-                cache.flush_all();
-            }
-        });
-    }
-
-    /// Whether `ptr` is a block the program holds (without taking it).
-    pub fn owns(&self, ptr: DevicePtr) -> bool {
-        ADDRESSES
-            .get(ptr)
-            .and_then(|i| BLOCKS.try_get(i))
-            .is_some_and(|b| b.is_allocated_at(ptr))
-    }
-
-    /// Streamless free: reused only after a context fence recorded after this call completes.
-    pub fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let result = handover::take_back(ptr).map(Self::free_taken_streamless);
-        if record::active() {
-            trace_free(result, ptr, None);
-        }
-        result.map(|_| ())
-    }
-
-    /// The rest of [`Runtime::free`], the block taken back.
-    fn free_taken_streamless(taken: Taken) -> Freed {
-        let pool = taken.pool();
-        // Note [legacy order]: a block allocated in the mode (on the legacy stream, in its
-        // own pool's context) is freed on that stream; any other block as usual.
-        let (alloc_stream, alloc_handle) = taken.stream();
-        let on_legacy = legacy_order::active()
-            && alloc_stream != STREAMLESS
-            && alloc_handle == legacy_order::LEGACY_STREAM as u64;
-        with_thread(|ts, cache| {
-            let c = ts.counters(pool.index);
-            let freed = Freed {
-                requested: taken.requested(),
-                size: taken.size(),
-                device: pool.ctx.device,
-                stream_id: record::NO_STREAM_ID,
-            };
-            pool.note_freed(c, taken.size(), taken.requested());
-            if on_legacy {
-                let s = StreamRef {
-                    id: alloc_stream,
-                    handle: legacy_order::LEGACY_STREAM,
-                };
-                taken.to_stream(cache, s);
-            } else {
-                taken.to_fence_or_keep(cache);
-            }
-            freed
-        })
-    }
-
-    /// Frees a block in the order it was allocated in: on its allocation stream (with the
-    /// handle and stream id recorded then, so no driver call, and a handle reused by a
-    /// newer stream does not mislead it: Note in [`Runtime::free_on_stream`]), or without
-    /// a stream when it was allocated without one. The block is looked up once.
-    pub fn free_in_allocation_order(&self, ptr: DevicePtr) -> Result<()> {
-        let result = handover::take_back(ptr).map(|taken| {
-            let (alloc_stream, alloc_handle) = taken.stream();
-            if alloc_stream == STREAMLESS {
-                (Self::free_taken_streamless(taken), None)
-            } else {
-                let s = StreamRef {
-                    id: alloc_stream,
-                    handle: alloc_handle as StreamHandle,
-                };
-                (Self::free_taken_on_stream(taken, s), Some(alloc_handle))
-            }
-        });
-        if record::active() {
-            let stream = result.as_ref().ok().and_then(|&(_, s)| s);
-            trace_free(result.map(|(f, _)| f), ptr, stream);
-        }
-        result.map(|_| ())
-    }
-
-    /// Stream-ordered free on `stream`. A block allocated on another stream is made safe
-    /// with a context fence instead (the pool cannot know the two streams are ordered).
-    #[inline]
-    pub fn free_async(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<()> {
-        let result = self.free_on_stream(ptr, stream);
-        if record::active() {
-            trace_free(result, ptr, Some(stream as u64));
-        }
-        result.map(|_| ())
-    }
-
-    #[inline(always)]
-    fn free_on_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<Freed> {
-        legacy_order::note_stream(stream);
-        let taken = handover::take_back(ptr)?;
-        let (alloc_stream, alloc_handle) = taken.stream();
-        // Freed with the handle it was allocated with: no need to ask the driver. Should
-        // that handle now name another stream (the first one destroyed, a new one created
-        // at the same address), the block is filed under the first stream's id, which no
-        // stream will ever use again, so it is reused only after a context fence: safe.
-        let sid = if alloc_stream != STREAMLESS && alloc_handle == stream as u64 {
-            crate::backend::StreamId(alloc_stream)
-        } else {
-            match self.backend.stream_id(stream) {
-                Ok(sid) => sid,
-                Err(e) => {
-                    // The stream cannot be identified: the program keeps the block.
-                    taken.keep();
-                    return Err(e.into());
-                }
-            }
-        };
-        let s = StreamRef {
-            id: sid.0,
-            handle: stream,
-        };
-        Ok(Self::free_taken_on_stream(taken, s))
-    }
-
-    /// The rest of [`Runtime::free_on_stream`], the block taken back and the stream
-    /// identified: a block allocated on another stream waits for a context fence.
-    fn free_taken_on_stream(taken: Taken, s: StreamRef) -> Freed {
-        let pool = taken.pool();
-        let (alloc_stream, _) = taken.stream();
-        with_thread(|ts, cache| {
-            let c = ts.counters(pool.index);
-            let (size, requested) = (taken.size(), taken.requested());
-            let freed = Freed {
-                requested,
-                size,
-                device: pool.ctx.device,
-                stream_id: s.id,
-            };
-            pool.note_freed(c, size, requested);
-            if alloc_stream != STREAMLESS && alloc_stream != s.id {
-                taken.to_fence(true);
-            } else {
-                taken.to_stream(cache, s);
-            }
-            freed
-        })
-    }
-
     /// What the pool knows about the live block found by `find_containing`, checked
     /// through its tag (a block freed meanwhile is not reported).
     fn info_of(pool: &DevicePool, found: pool::Containing) -> Option<BlockInfo> {
@@ -601,101 +462,5 @@ impl Runtime {
         pool::all_pools()
             .find(|p| p.ctx.id == ctx)
             .map_or(0, |p| p.idle_bytes())
-    }
-
-    /// The caller (the interposer) reports every stream capture through
-    /// [`Runtime::capture_begin`] and [`Runtime::capture_end`]; the backend may then skip
-    /// its own driver probe for captures before each context fence.
-    pub fn captures_reported_by_caller(&self) {
-        self.backend.captures_reported_by_caller();
-    }
-
-    /// From the interposer's load-time constructor (an atomic store only): its hooks will
-    /// report every capture of the process, so the pool started later, by a hook or by a
-    /// call of the C API, skips the driver probe from its first fence.
-    ///
-    /// Note [captures seen by hooks]: the interposer told a running pool so at the first
-    /// hook that reached it. A program that reached the pool only through the C API (the
-    /// interposer's own exports, or a linked libcupool forwarding to them) never ran such a
-    /// hook, so each of its context fences asked `cuStreamIsCapturing` as well (the fake
-    /// driver's call log of 1200 pinned pairs: 864 fences, 864 probes). Its captures pass
-    /// through the hooks all the same (the CUDA runtime reaches `cuStreamBeginCapture`
-    /// through the hooked `cuGetProcAddress`).
-    pub fn interposer_reports_captures() {
-        INTERPOSER_REPORTS_CAPTURES.store(true, Ordering::Relaxed);
-    }
-
-    /// A stream capture began in `ctx`: until the matching end, no fence, synchronisation
-    /// or release is made there, and a miss fails with `CupoolErrorStreamCapture`.
-    pub fn capture_begin(&self, ctx: ContextId) {
-        if let Some(p) = self.pool_by_context(ctx) {
-            p.capture_begin();
-        }
-    }
-
-    pub fn capture_end(&self, ctx: ContextId) {
-        if let Some(p) = self.pool_by_context(ctx) {
-            p.capture_end();
-        }
-    }
-
-    /// [`Runtime::capture_begin`] for the calling thread's current context (the C API's
-    /// `cupool_capture_begin`): its pool is made now if it had none, so that the capture
-    /// is not missed.
-    pub fn capture_begin_current(&self) -> Result<()> {
-        let ctx = self.backend.current_context().map_err(CupoolStatus::from)?;
-        self.context_pool(ctx)?.capture_begin();
-        Ok(())
-    }
-
-    /// [`Runtime::capture_end`] for the calling thread's current context.
-    pub fn capture_end_current(&self) -> Result<()> {
-        let ctx = self.backend.current_context().map_err(CupoolStatus::from)?;
-        self.capture_end(ctx.id);
-        Ok(())
-    }
-
-    /// The calling thread's current context was given peer access to `peer`'s memory
-    /// (`cuCtxEnablePeerAccess(peer)` succeeded): blocks of `peer`'s pool that are backed by
-    /// VMM granules become reachable from the caller's device, those mapped already and
-    /// those mapped later. (Segments from `cuMemAlloc` need nothing: the driver's peer
-    /// access covers them.)
-    pub fn peer_access_enabled(&self, peer: ContextId) -> Result<()> {
-        let caller = self
-            .existing_context()?
-            .ok_or(CupoolStatus::CupoolErrorInvalidValue)?;
-        if caller.id == peer {
-            return Ok(());
-        }
-        // Recorded first: a map from now on grants the caller's device itself, and one
-        // made before is granted below (maps and grants are serialised per pool).
-        self.backend.set_peer_access(peer, caller.device, true);
-        if let Some(p) = pool::all_pools().find(|p| p.ctx.id == peer) {
-            if p.grant_mapped_to(caller.device) > 0 {
-                return Err(CupoolStatus::CupoolErrorCuda);
-            }
-        }
-        Ok(())
-    }
-
-    /// The calling thread's current context lost peer access to `peer`
-    /// (`cuCtxDisablePeerAccess(peer)` succeeded): later maps no longer grant the caller's
-    /// device access; what was granted stays.
-    pub fn peer_access_disabled(&self, peer: ContextId) -> Result<()> {
-        let caller = self
-            .existing_context()?
-            .ok_or(CupoolStatus::CupoolErrorInvalidValue)?;
-        if caller.id != peer {
-            self.backend.set_peer_access(peer, caller.device, false);
-        }
-        Ok(())
-    }
-
-    fn pool_by_context(&self, ctx: ContextId) -> Option<&'static DevicePool> {
-        if let Some(p) = pool::all_pools().find(|p| p.ctx.id == ctx) {
-            return Some(p);
-        }
-        let cur = self.backend.current_context().ok()?;
-        (cur.id == ctx).then(|| self.pool_of(cur).ok()).flatten()
     }
 }

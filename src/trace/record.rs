@@ -1,6 +1,8 @@
 //! Recording: `CUPOOL_TRACE=path` (read when the pool starts) or `cupool_trace_start(path)`
 //! writes every allocation and free of the process, and the pool's own segment events, as
 //! RMM's log CSV ([`super::rmm_csv`]), zstd-compressed when the path ends in `.zst`.
+//! Here: the calls that record and the per-thread buffers; `writer`: formatting and writing
+//! batches; `session`: start, stop, exit and fork; `rows`: the rows; `clock`: the ticks.
 //!
 //! Files:
 //! - `PATH`: the program's events (`allocate`, `free`, `allocate failure`, each with
@@ -74,22 +76,27 @@
 
 mod clock;
 mod rows;
+mod session;
+mod writer;
 
 pub use rows::{driver_path, result_word, NO_DEVICE, NO_STREAM_ID};
+pub use session::{start, start_from_env, stop};
+pub use writer::write_pending;
+use writer::write_queued;
 
 use super::rmm_csv;
 use super::DriverAction;
-use crate::status::{CupoolStatus, Result};
-use clock::{clock_ns, ticks, Clock};
+use crate::status::Result;
+use clock::{ticks, Clock};
 use core::cell::Cell;
 use core::mem::MaybeUninit;
 use core::panic::AssertUnwindSafe;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use core::time::Duration;
-use rows::{driver_kind, format_record, Record, Sink};
+use rows::{driver_kind, Record, Sink};
 use rows::{KIND_ALLOCATE, KIND_ALLOCATE_FAILURE, KIND_FREE};
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex, MutexGuard, Once, TryLockError};
+use std::sync::{Condvar, Mutex, MutexGuard, Once};
 
 /// Records one thread buffers before it hands them to the writer (64 bytes each).
 pub const BUFFER_RECORDS: usize = 2048;
@@ -520,313 +527,4 @@ fn handed_over(st: MutexGuard<'static, State>) {
     if to_write > 0 {
         write_queued(&mut files(), to_write);
     }
-}
-
-/// Writes up to `limit` batches from the front of the queue (`WRITER` held: `w`).
-fn write_queued(w: &mut Files, limit: usize) {
-    for _ in 0..limit {
-        let batch = state().queue.pop_front();
-        match batch {
-            Some(batch) => write_batch(w, batch),
-            None => break,
-        }
-    }
-}
-
-/// Writes, on the calling thread and now, every batch already handed over (full buffers,
-/// those of exited threads), after the one the writer thread may be writing; buffers still
-/// being filled stay where they are. For tests and benchmarks: the writer thread does the
-/// same on its own.
-pub fn write_pending() {
-    if is_forked() {
-        return;
-    }
-    let _ = std::panic::catch_unwind(|| {
-        let mut w = files();
-        let queued = state().queue.len();
-        write_queued(&mut w, queued);
-    });
-}
-
-/// Writes one batch, then keeps its block of slots for a later hand-over.
-fn write_batch(w: &mut Files, batch: Batch) {
-    match batch {
-        Batch::Buffer {
-            tid,
-            slots,
-            from,
-            to,
-        } => {
-            write_records(
-                w,
-                slots[from..to].iter().map(|r| {
-                    // SAFETY: `[from, to)` were published by the owner before it handed
-                    // the block over.
-                    (tid, unsafe { r.assume_init() })
-                }),
-            );
-            let extra = {
-                let mut st = state();
-                if st.spares.len() < MAX_SPARES {
-                    st.spares.push(slots);
-                    None
-                } else {
-                    Some(slots)
-                }
-            };
-            drop(extra);
-        }
-        Batch::Loose(records) => write_records(w, records.into_iter()),
-    }
-}
-
-/// Writes `records` (thread id, record) of the running session, as one chunk per file;
-/// drops the rest. An I/O error ends the trace with one line on stderr.
-fn write_records(w: &mut Files, records: impl Iterator<Item = (u64, Record)>) {
-    let Files {
-        session: slot,
-        main,
-        driver,
-    } = w;
-    let Some(session) = slot.as_mut() else {
-        return;
-    };
-    // SAFETY: getpid has no preconditions.
-    if session.pid != unsafe { libc::getpid() } as u32 {
-        return; // a fork child that got here anyway: never write the parent's trace
-    }
-    let began = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
-    session.clock.calibrate();
-    main.clear();
-    driver.clear();
-    for (tid, r) in records {
-        if r.session == session.id {
-            format_record(&session.clock, tid, &r, main, driver);
-        }
-    }
-    let result = session
-        .main
-        .write_chunk(main)
-        .map_err(|e| (session.main.path.clone(), e))
-        .and_then(|()| {
-            session
-                .driver
-                .write_chunk(driver)
-                .map_err(|e| (session.driver.path.clone(), e))
-        });
-    let spent = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(began);
-    WRITING_NS.fetch_add(spent, Ordering::Relaxed);
-    if let Err((path, e)) = result {
-        SESSION.store(0, Ordering::Relaxed);
-        *slot = None;
-        // The writer thread ends; what is queued can never be written.
-        let dropped = {
-            let mut st = state();
-            st.writer = 0;
-            core::mem::take(&mut st.queue)
-        };
-        WORK.notify_all();
-        drop(dropped);
-        crate::log::error(&format!(
-            "cupool: writing the trace {path} failed ({e}); tracing stopped"
-        ));
-    }
-}
-
-/// The writer thread of session `id`: writes the queue's batches, oldest first, until its
-/// session is no longer the one running.
-fn writer_thread(id: u32) {
-    loop {
-        {
-            let mut st = state();
-            while st.writer == id && st.queue.is_empty() {
-                st = WORK.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-            if st.writer != id {
-                return;
-            }
-        }
-        let _ = std::panic::catch_unwind(|| {
-            let mut w = files();
-            // Popped under `WRITER`: a stop, which holds it, sees every batch written or
-            // queued.
-            let batch = {
-                let mut st = state();
-                if st.writer == id {
-                    st.queue.pop_front()
-                } else {
-                    None
-                }
-            };
-            if let Some(batch) = batch {
-                write_batch(&mut w, batch);
-            }
-        });
-    }
-}
-
-/// Starts recording to `path` (`%p`: the process id). A trace already running is stopped
-/// (written out and closed) first. Errors: an empty path `CupoolErrorInvalidValue`; a file
-/// that cannot be created `CupoolErrorIo` (one line on stderr says why); in a fork child
-/// of a traced process or of a live pool, `CupoolErrorBackendUnavailable`.
-pub fn start(path: &str) -> Result<()> {
-    if path.is_empty() {
-        return Err(CupoolStatus::CupoolErrorInvalidValue);
-    }
-    if is_forked() {
-        return Err(CupoolStatus::CupoolErrorBackendUnavailable);
-    }
-    register_handlers();
-    // SAFETY: getpid has no preconditions.
-    let pid = unsafe { libc::getpid() } as u32;
-    let path = path.replace("%p", &pid.to_string());
-    let mut w = files();
-    stop_locked(&mut w);
-    let driver_path = driver_path(&path);
-    let sinks = Sink::create(&path)
-        .map_err(|e| (path.clone(), e))
-        .and_then(|main| {
-            Sink::create(&driver_path)
-                .map(|driver| (main, driver))
-                .map_err(|e| (driver_path.clone(), e))
-        })
-        .and_then(|(mut main, mut driver)| {
-            main.write_chunk(&format!("{}\n", rmm_csv::header()))
-                .map_err(|e| (path.clone(), e))?;
-            driver
-                .write_chunk(&format!("{}\n", rmm_csv::DRIVER_HEADER))
-                .map_err(|e| (driver_path.clone(), e))?;
-            Ok((main, driver))
-        });
-    let (main, driver) = match sinks {
-        Ok(s) => s,
-        Err((p, e)) => {
-            crate::log::error(&format!("cupool: cannot create the trace {p}: {e}"));
-            return Err(CupoolStatus::CupoolErrorIo);
-        }
-    };
-    let mut id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-    if id == 0 {
-        id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-    }
-    w.session = Some(Session {
-        id,
-        pid,
-        main,
-        driver,
-        clock: Clock::start(),
-    });
-    // The writer thread runs while `writer` names its session: set before it starts.
-    state().writer = id;
-    let spawned = std::thread::Builder::new()
-        .name("cupool-trace".into())
-        .spawn(move || writer_thread(id));
-    if spawned.is_err() {
-        // No writer thread: the program's threads write what they hand over.
-        state().writer = 0;
-    }
-    SESSION.store(id, Ordering::Relaxed);
-    crate::log::info(&format!("cupool: recording allocations to {path}"));
-    Ok(())
-}
-
-/// `CUPOOL_TRACE`, when set and no trace runs yet (the runtime calls this when it starts;
-/// a trace started through the API before that is kept). A failure is reported on stderr.
-pub fn start_from_env() {
-    match std::env::var("CUPOOL_TRACE") {
-        Ok(path) if !path.trim().is_empty() && !active() => {
-            let _ = start(path.trim());
-        }
-        _ => {}
-    }
-}
-
-/// Stops recording: everything recorded is written, on the calling thread, and the files
-/// are closed. Without a running trace it does nothing.
-pub fn stop() {
-    if is_forked() {
-        return;
-    }
-    stop_locked(&mut files());
-}
-
-/// Stops the running trace (`WRITER` held: `w`; Note [recording cost]).
-fn stop_locked(w: &mut Files) {
-    if w.session.is_none() {
-        return;
-    }
-    SESSION.store(0, Ordering::Relaxed);
-    let (queued, mut rest) = {
-        let mut st = state();
-        st.writer = 0; // the writer thread ends
-        let queued = core::mem::take(&mut st.queue);
-        let mut rest = core::mem::take(&mut st.orphans);
-        for buf in &st.buffers {
-            buf.take_unwritten(&st, &mut rest);
-        }
-        // The calling thread owns its buffer and holds the mutex: it may start it again,
-        // so its next trace begins with a whole buffer.
-        let own = CURRENT.try_with(|c| c.get()).unwrap_or(core::ptr::null());
-        // SAFETY: buffers are leaked.
-        if let Some(own) = unsafe { own.as_ref() } {
-            own.written.store(0, Ordering::Relaxed);
-            own.len.store(0, Ordering::Relaxed);
-        }
-        (queued, rest)
-    };
-    WORK.notify_all();
-    // What was handed over first (each thread's earlier records), then the threads' last
-    // records merged in time order (a stable sort keeps each thread's).
-    for batch in queued {
-        write_batch(w, batch);
-    }
-    rest.sort_by_key(|&(_, r)| r.ticks);
-    write_records(w, rest.into_iter());
-    w.session = None;
-}
-
-fn register_handlers() {
-    HANDLERS.call_once(|| {
-        // SAFETY: plain extern "C" functions that never unwind.
-        unsafe {
-            libc::atexit(on_exit);
-            libc::pthread_atfork(None, None, Some(on_fork_child));
-        }
-    });
-}
-
-/// Exit: write what is left, close the files, on the exiting thread. No CUDA call; only
-/// host memory and files. Waits for a writer thread that is writing at most [`EXIT_WAIT`].
-extern "C" fn on_exit() {
-    let _ = std::panic::catch_unwind(|| {
-        if is_forked() {
-            return;
-        }
-        let waited = std::time::Instant::now();
-        let mut w = loop {
-            match WRITER.try_lock() {
-                Ok(w) => break w,
-                Err(TryLockError::Poisoned(e)) => break e.into_inner(),
-                Err(TryLockError::WouldBlock) if waited.elapsed() < EXIT_WAIT => {
-                    std::thread::sleep(Duration::from_micros(100));
-                }
-                Err(TryLockError::WouldBlock) => {
-                    crate::log::error(
-                        "cupool: the trace writer did not finish writing at exit; the trace \
-                         misses its last events",
-                    );
-                    return;
-                }
-            }
-        };
-        stop_locked(&mut w);
-    });
-}
-
-/// Fork child: atomics only. The child's copy of the buffers is never written, and it
-/// never takes `WRITER` or `STATE` (either may have been held by another thread at the
-/// fork).
-extern "C" fn on_fork_child() {
-    FORKED.store(true, Ordering::Relaxed);
-    SESSION.store(0, Ordering::Relaxed);
 }

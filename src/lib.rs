@@ -26,6 +26,8 @@ pub mod ffi;
 #[cfg(not(loom))]
 pub mod log;
 #[cfg(not(loom))]
+mod os_memory;
+#[cfg(not(loom))]
 pub mod pool;
 #[cfg(not(loom))]
 pub mod runtime;

@@ -58,9 +58,10 @@ fn new_zeroed_node<T>() -> *mut T {
     p
 }
 
+/// Leaves are read at random by frees: on huge pages (Note [metadata on huge pages]).
 #[cfg(not(loom))]
 fn new_leaf() -> *mut Leaf {
-    new_zeroed_node::<Leaf>()
+    super::meta_memory::alloc_zeroed::<Leaf>()
 }
 
 #[cfg(not(loom))]
@@ -81,6 +82,33 @@ fn new_mid() -> *mut Mid {
         AtomicPtr::new(core::ptr::null_mut())
     }));
     Box::into_raw(b)
+}
+
+/// Frees a node of `new_mid` (or loom's `new_leaf`) that lost the race to be published.
+///
+/// # Safety
+/// `node` came from `Box` (through `new_zeroed_node` or `Box::into_raw`) and was never
+/// published.
+unsafe fn drop_unused<T>(node: *mut T) {
+    // SAFETY: the caller's contract (`alloc_zeroed` with `T`'s layout is what `Box` uses).
+    drop(unsafe { Box::from_raw(node) });
+}
+
+/// Gives back a leaf of `new_leaf` that lost the race to be published.
+///
+/// # Safety
+/// As [`drop_unused`], for a leaf of `new_leaf`.
+unsafe fn unused_leaf(leaf: *mut Leaf) {
+    #[cfg(not(loom))]
+    // SAFETY: the caller's contract: from `meta_memory::alloc_zeroed`, never written.
+    unsafe {
+        super::meta_memory::give_back_unused(leaf)
+    };
+    #[cfg(loom)]
+    // SAFETY: loom's leaves come from `Box::into_raw`.
+    unsafe {
+        drop_unused(leaf)
+    };
 }
 
 impl AddressMap {
@@ -139,15 +167,19 @@ impl AddressMap {
             return false;
         }
         let (a, b, c) = split(addr);
-        let mid = Self::get_or_create(&self.root[a], new_mid);
+        let mid = Self::get_or_create(&self.root[a], new_mid, drop_unused::<Mid>);
         // SAFETY: published nodes are never freed.
-        let leaf = Self::get_or_create(&unsafe { &*mid }[b], new_leaf);
+        let leaf = Self::get_or_create(&unsafe { &*mid }[b], new_leaf, unused_leaf);
         // SAFETY: as above.
         (unsafe { &*leaf })[c].store(value, Ordering::Release);
         true
     }
 
-    fn get_or_create<T>(slot: &AtomicPtr<T>, make: fn() -> *mut T) -> *mut T {
+    fn get_or_create<T>(
+        slot: &AtomicPtr<T>,
+        make: fn() -> *mut T,
+        unused: unsafe fn(*mut T),
+    ) -> *mut T {
         let cur = slot.load(Ordering::Acquire);
         if !cur.is_null() {
             return cur;
@@ -161,8 +193,8 @@ impl AddressMap {
         ) {
             Ok(_) => fresh,
             Err(winner) => {
-                // SAFETY: `fresh` was never published.
-                drop(unsafe { Box::from_raw(fresh) });
+                // SAFETY: `fresh` came from `make`, was never published nor written.
+                unsafe { unused(fresh) };
                 winner
             }
         }

@@ -245,6 +245,26 @@ const MAX_CHUNKS: usize = 1 << 14;
 #[cfg(loom)]
 const MAX_CHUNKS: usize = 4;
 
+/// A chunk of `CHUNK_LEN` unused records, never freed. Frees read records at random: on
+/// huge pages (Note [metadata on huge pages]).
+#[cfg(not(loom))]
+fn new_chunk() -> *mut Block {
+    let base = super::meta_memory::alloc_zeroed::<[Block; CHUNK_LEN]>().cast::<Block>();
+    for i in 0..CHUNK_LEN {
+        // SAFETY: `base` holds `CHUNK_LEN` records' worth of memory, aligned for `Block`
+        // (pieces are 2 MiB aligned and the record size divides them), nobody else's yet.
+        unsafe { base.add(i).write(Block::new()) };
+    }
+    base
+}
+
+// loom's atomics are not plain memory: built element by element.
+#[cfg(loom)]
+fn new_chunk() -> *mut Block {
+    let chunk: Box<[Block]> = (0..CHUNK_LEN).map(|_| Block::new()).collect();
+    Box::leak(chunk).as_mut_ptr()
+}
+
 /// Type-stable storage for block records (up to 2^26 of them).
 pub struct BlockTable {
     chunks: [AtomicPtr<Block>; MAX_CHUNKS],
@@ -323,8 +343,7 @@ impl BlockTable {
         if free.chunks == MAX_CHUNKS {
             return None;
         }
-        let chunk: Box<[Block]> = (0..CHUNK_LEN).map(|_| Block::new()).collect();
-        let base = Box::leak(chunk).as_mut_ptr();
+        let base = new_chunk();
         let c = free.chunks;
         self.chunks[c].store(base, Ordering::Release);
         free.chunks += 1;

@@ -48,6 +48,7 @@ pub mod free_index;
 mod frees;
 pub mod handover;
 mod invariants;
+pub(crate) mod meta_memory;
 pub mod pinned;
 mod pool_stats;
 mod release;

@@ -1,6 +1,8 @@
-//! No panic crosses the C boundary: every hook body runs inside [`cuda_call`].
+//! No panic crosses the C boundary: every hook body runs inside [`cuda_call`]. And no
+//! hook re-enters the pool from inside it: [`enter_pool`].
 
 use crate::cuda::{CuResult, CUDA_ERROR_UNKNOWN};
+use core::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Runs a hook body; a panic becomes one stderr line and `CUDA_ERROR_UNKNOWN`.
@@ -32,4 +34,29 @@ fn report_panic(hook: &'static str) {
     cupool::log::always(&format!(
         "cupool: internal error (panic) in the {hook} hook; the call was not completed (please report)"
     ));
+}
+
+thread_local! {
+    /// Set while this thread is inside the pool on behalf of a hook: a driver call the pool
+    /// makes must never land in our own hook again (Note [never our own hook] in real.rs);
+    /// if one does, it goes straight to the driver.
+    static IN_POOL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with the re-entry flag raised; `None` when this thread is already inside.
+pub(crate) fn enter_pool<T>(f: impl FnOnce() -> T) -> Option<T> {
+    let entered = IN_POOL
+        .try_with(|flag| !flag.replace(true))
+        .unwrap_or(false);
+    if !entered {
+        return None;
+    }
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            let _ = IN_POOL.try_with(|flag| flag.set(false));
+        }
+    }
+    let _leave = Leave;
+    Some(f())
 }

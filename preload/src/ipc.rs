@@ -178,6 +178,7 @@ fn append_bytes(bytes: &[u8]) -> Option<u32> {
         }
         REGISTRY_PID.store(pid, Relaxed);
         NEXT_RECORD.store(0, Relaxed);
+        lifecycle::at_exit(remove_registry);
     }
     let index = NEXT_RECORD.fetch_add((bytes.len() / RECORD_BYTES) as u32, Relaxed);
     let at = index as libc::off_t * RECORD_BYTES as libc::off_t;
@@ -220,9 +221,10 @@ fn lookup(t: &Tagged) -> Option<Record> {
     (r.nonce == t.nonce && r.offset == t.offset && r.size == t.size).then_some(r)
 }
 
-/// Removes this process's registry (at exit; no CUDA call). Importers that have not opened
+/// Removes this process's registry (at exit, asked for when the registry is made; no CUDA
+/// call). Importers that have not opened
 /// their handles yet can no longer: the exporter is gone, so its memory is too.
-pub fn remove_registry() {
+fn remove_registry() {
     // SAFETY: plain libc calls.
     let (pid, uid) = unsafe { (libc::getpid() as u32, libc::getuid()) };
     if REGISTRY_PID.load(Relaxed) == pid {

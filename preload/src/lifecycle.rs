@@ -20,7 +20,7 @@
 //!   pool unavailable.
 
 use core::sync::atomic::{
-    AtomicBool, AtomicU8, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+    AtomicBool, AtomicU8, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
 use cupool::runtime::Runtime;
 
@@ -107,11 +107,41 @@ fn register_handlers_once() {
     HANDLERS.store(HANDLERS_DONE, Release);
 }
 
+/// Cleanups other hook modules ask for at exit (files to remove): function pointers in
+/// atomics, so that registering one and running them at exit take no lock and allocate
+/// nothing, and this module imports none of those modules.
+static EXIT_CLEANUPS: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+
+/// Runs `cleanup` at exit (no CUDA call may be made there), once however often it is asked
+/// for. Fails only past the fixed number of slots, which would be a bug: a debug assertion.
+pub fn at_exit(cleanup: fn()) {
+    let f = cleanup as usize;
+    for slot in &EXIT_CLEANUPS {
+        match slot.compare_exchange(0, f, Relaxed, Relaxed) {
+            Ok(_) => return,
+            Err(cur) if cur == f => return,
+            Err(_) => continue,
+        }
+    }
+    debug_assert!(false, "lifecycle::EXIT_CLEANUPS is full");
+}
+
+fn run_exit_cleanups() {
+    for slot in &EXIT_CLEANUPS {
+        let f = slot.load(Relaxed);
+        if f != 0 {
+            // SAFETY: only `at_exit` stores here, and only `fn()` pointers.
+            let cleanup: fn() = unsafe { core::mem::transmute::<usize, fn()>(f) };
+            cleanup();
+        }
+    }
+}
+
 extern "C" fn on_exit() {
     EXITING.store(true, Relaxed);
     let _ = std::panic::catch_unwind(|| {
         cupool::runtime::mark_exiting();
-        crate::ipc::remove_registry();
+        run_exit_cleanups();
         if STATS_AT_EXIT.load(Relaxed) {
             cupool::runtime::write_stats_at_exit();
         }

@@ -8,40 +8,14 @@
 //! NULL, and pointers allocated before the pool started).
 
 use crate::cuda::*;
-use crate::guard::cuda_call;
+use crate::guard::{cuda_call, enter_pool};
 use crate::lifecycle;
 use crate::real;
 use crate::slots::{sig, MemFreeAsyncFn, RealFn};
-use core::cell::Cell;
 use core::ffi::{c_int, c_uint, c_void};
 use cupool::backend::ContextId;
 use cupool::runtime::{BlockInfo, Runtime};
 use cupool::CupoolStatus;
-
-thread_local! {
-    /// Set while this thread is inside the pool on behalf of a hook: a driver call the pool
-    /// makes must never land in our own hook again (Note [never our own hook] in real.rs);
-    /// if one does, it goes straight to the driver.
-    static IN_POOL: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `f` with the re-entry flag raised; `None` when this thread is already inside.
-pub(crate) fn enter_pool<T>(f: impl FnOnce() -> T) -> Option<T> {
-    let entered = IN_POOL
-        .try_with(|flag| !flag.replace(true))
-        .unwrap_or(false);
-    if !entered {
-        return None;
-    }
-    struct Leave;
-    impl Drop for Leave {
-        fn drop(&mut self) {
-            let _ = IN_POOL.try_with(|flag| flag.set(false));
-        }
-    }
-    let _leave = Leave;
-    Some(f())
-}
 
 /// Result for a driver entry point libcuda does not have (or no libcuda at all).
 const NO_DRIVER: CuResult = CUDA_ERROR_NOT_INITIALIZED;

@@ -20,8 +20,8 @@
 
 use crate::cuda::*;
 use crate::guard::cuda_call;
+use crate::guard::enter_pool;
 use crate::lifecycle;
-use crate::memory::enter_pool;
 use crate::real;
 use crate::slots::sig;
 use core::ffi::{c_uint, c_void};

@@ -335,11 +335,28 @@ fn queries_on_pool_blocks_answer_for_the_block() {
         // Segments (`vmm:off`): a whole-segment block opens through legacy IPC at its own
         // address, as without cupool. VMM-backed blocks open through their chunks'
         // descriptors instead (`vmm_blocks_open_in_another_process`).
+        let pid_file = std::env::temp_dir().join(format!(
+            "cupool-block-queries-{}-{reach:?}.pid",
+            std::process::id()
+        ));
         let pre = run_ok(
             &exe,
             &["block-queries"],
             true,
-            &[("CUPOOL_CONF", "vmm:off")],
+            &[
+                ("CUPOOL_CONF", "vmm:off"),
+                ("PID_FILE", pid_file.to_str().expect("UTF-8 path")),
+            ],
+        );
+        // The registry its exports made is gone with the process (removed at exit).
+        let pid = std::fs::read_to_string(&pid_file).expect("the program's pid");
+        let _ = std::fs::remove_file(&pid_file);
+        // SAFETY: a plain libc call.
+        let uid = unsafe { libc::getuid() };
+        let registry = format!("/dev/shm/cupool-ipc-{uid}-{}", pid.trim());
+        assert!(
+            !std::path::Path::new(&registry).exists(),
+            "{reach:?}: {registry} left behind"
         );
         assert_eq!(pre, plain, "{reach:?}");
         assert_eq!(pre.get("range_a.base_is_a"), "1");

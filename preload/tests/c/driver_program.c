@@ -601,6 +601,15 @@ int main(int argc, char **argv)
     }
     const char *s = argv[1];
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* For tests that look at what the process leaves behind once it has exited. */
+    const char *pid_file = getenv("PID_FILE");
+    if (pid_file) {
+        FILE *f = fopen(pid_file, "w");
+        if (!f)
+            return 2;
+        fprintf(f, "%d\n", (int)getpid());
+        fclose(f);
+    }
     start();
     if (!strcmp(s, "loop"))
         scenario_loop();

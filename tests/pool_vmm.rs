@@ -385,6 +385,73 @@ fn stats_report_the_arena_mapping() {
     cupool::config::set("vmm", "off").unwrap();
 }
 
+/// Note [footprint]: the pool's account of where its reserved bytes are adds up to them
+/// exactly. Three blocks laid back to back from the arena's start (3, 3.5 and 3 MiB over
+/// granules 0–4), the middle one freed: its hole keeps 1 MiB of granule 1 and 0.5 MiB of
+/// granule 3 (shared with its neighbours), the arena's free tail 0.5 MiB of granule 4, and
+/// granule 2 stays mapped in the chunk of granules 2–3, which the third block keeps busy.
+#[test]
+fn the_footprint_accounts_for_every_reserved_byte() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    let a = rt.alloc(3 * MIB as usize).unwrap();
+    let b = rt.alloc((3 * MIB + MIB / 2) as usize).unwrap();
+    let c = rt.alloc(3 * MIB as usize).unwrap();
+    assert_eq!(
+        (b - a, c - b),
+        (3 * MIB, 3 * MIB + MIB / 2),
+        "laid back to back"
+    );
+    let pool = rt.context_pool(ctx).unwrap();
+    let f = pool.footprint();
+    assert_eq!(f.reserved, 5 * G);
+    assert_eq!(f.in_use, 9 * MIB + MIB / 2);
+    assert_eq!(
+        f.arena_hole_ends,
+        MIB / 2,
+        "the free tail's part of granule 4"
+    );
+    rt.free(b).unwrap();
+    let f = pool.footprint();
+    assert_eq!(
+        f.awaiting_fence,
+        3 * MIB + MIB / 2,
+        "freed without a stream"
+    );
+    assert_eq!(f.in_use, 6 * MIB);
+    // The fence completes and the block joins the shared index; idle memory goes back.
+    rt.empty_cache(Some(0)).unwrap();
+    let f = pool.footprint();
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(f.reserved, s.reserved_bytes.current);
+    assert_eq!(
+        f.reserved,
+        5 * G,
+        "nothing could go back: every chunk is busy"
+    );
+    assert_eq!(f.in_use, s.allocated_bytes.current);
+    assert_eq!(f.awaiting_fence, 0);
+    assert_eq!(f.arena_hole_ends, MIB + MIB / 2 + MIB / 2);
+    assert_eq!(f.arena_in_busy_chunks, G, "granule 2");
+    assert_eq!((f.arena_stealable, f.arena_idle), (0, 0));
+    assert_eq!(f.other, 0);
+    let counted = f.in_use
+        + f.awaiting_fence
+        + f.stream_only
+        + f.arena_hole_ends
+        + f.arena_in_busy_chunks
+        + f.arena_stealable
+        + f.arena_idle
+        + f.segments_partly_free
+        + f.segments_free;
+    assert_eq!(counted, f.reserved);
+    rt.free(a).unwrap();
+    rt.free(c).unwrap();
+    empty_and_check_nothing_left(rt, host, ctx);
+    assert_eq!(pool.footprint(), cupool::pool::Footprint::default());
+    cupool::config::set("vmm", "off").unwrap();
+}
+
 /// Note [arena in snapshots]: the layout walk shows the arena as its mapped runs, each a
 /// segment that its blocks tile, and not as one reserved range of a terabyte.
 #[test]

@@ -173,6 +173,26 @@ fn json_report_has_the_figures() {
     let u = v["utilization"].as_f64().unwrap();
     assert!((u - 2048.0 / (2 << 20) as f64).abs() < 1e-6, "{u}");
     assert!(v.get("series").is_none(), "the series only with --series");
+    // Where the reserved bytes were: the segment came with the first block (event 1), and
+    // the rest of it was free.
+    let p = &v["at_peak"];
+    assert_eq!(p["events"], 1, "{p}");
+    assert_eq!(p["reserved_bytes"], 2 << 20);
+    assert_eq!(p["in_use_bytes"], 1024);
+    assert_eq!(p["segments_partly_free_bytes"], (2 << 20) - 1024);
+    for key in [
+        "awaiting_fence_bytes",
+        "stream_only_bytes",
+        "arena_hole_ends_bytes",
+        "arena_in_busy_chunks_bytes",
+        "arena_stealable_bytes",
+        "arena_idle_bytes",
+        "segments_free_bytes",
+        "segments_free",
+        "other_bytes",
+    ] {
+        assert_eq!(p[key], 0, "{key}: {p}");
+    }
 
     let o = cupool(&["replay", trace.to_str().unwrap(), "--json", "--series"]);
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
@@ -208,6 +228,9 @@ fn the_human_report_reads() {
         "peak reserved        2.00 MiB",
         "utilization 0.1%",
         "1 allocations, 0 frees",
+        "at the peak          2.00 MiB reserved after event 1:",
+        "1.00 KiB   0.0%  in use by the program",
+        "2.00 MiB 100.0%  free in segments partly in use",
     ] {
         assert!(out.contains(text), "{text:?} missing from:\n{out}");
     }

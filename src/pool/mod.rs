@@ -29,9 +29,10 @@
 //! `size_policy` (segment sizes, when to split: Note [excess]), `alloc` (the slow path),
 //! `segments` (growing, splitting, merging, lookup by address), `frees`, `fences` (context
 //! fences, Note [wait before growing], Note [lone fences]), `release`, `pool_stats` (Note
-//! [fragmentation stats]), `invariants`, and [`vmm`] (the VMM arena) each add their part
-//! of `DevicePool`'s methods; [`handover`] hands blocks to the program and takes them back
-//! outside the pool lock (thread-cache hits and frees), so the runtime writes no record.
+//! [fragmentation stats]), `footprint` (where the reserved bytes are, Note [footprint]),
+//! `invariants`, and [`vmm`] (the VMM arena) each add their part of `DevicePool`'s methods;
+//! [`handover`] hands blocks to the program and takes them back outside the pool lock
+//! (thread-cache hits and frees), so the runtime writes no record.
 //! [`pinned`] is the process's pool of page-locked host memory, ordered by these pools'
 //! context fences.
 
@@ -44,6 +45,7 @@ pub mod counters;
 pub mod export;
 mod fences;
 pub mod fifo;
+mod footprint;
 pub mod free_index;
 mod frees;
 pub mod handover;
@@ -60,6 +62,7 @@ mod stream_ids;
 pub mod thread_cache;
 pub mod vmm;
 
+pub use footprint::Footprint;
 pub use invariants::InvariantReport;
 pub use segments::Containing;
 pub use size_policy::{LARGE_SPLIT_MIN, SMALL_MAX};

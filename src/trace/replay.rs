@@ -32,6 +32,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 mod json;
+mod peak;
+
+pub use peak::FootprintAtPeak;
 
 /// How to replay.
 #[derive(Clone, Debug)]
@@ -137,6 +140,9 @@ pub struct ReplayReport {
     /// What the traced program's own allocator reserved, when the trace tells.
     pub reference: Option<Reference>,
     pub series: Vec<ReplaySample>,
+    /// Where the reserved bytes were after the event that left them highest (`None` when
+    /// nothing was reserved).
+    pub at_peak: Option<FootprintAtPeak>,
     /// Blocks still live at the end of the trace, freed by the replay.
     pub live_at_end: u64,
     /// Bytes `empty_cache` gave back after those frees.
@@ -183,6 +189,7 @@ pub fn replay(
         alloc_ns: Vec::new(),
         free_ns: Vec::new(),
         counts: Counts::default(),
+        at_peak: None,
     };
     let waited_before = rt.host_backend().map_or(0, |h| h.waited_us());
     let result = r.run(trace, opts, progress);
@@ -243,6 +250,7 @@ pub fn replay(
         unmap_calls: vmm.unmap_calls,
         reference: trace.reference,
         series: std::mem::take(&mut r.series),
+        at_peak: r.at_peak,
         live_at_end,
         released_at_end_bytes: released,
         reserved_after_empty_cache: reserved_after,
@@ -310,6 +318,8 @@ struct Replayer<'a> {
     alloc_ns: Vec<u32>,
     free_ns: Vec<u32>,
     counts: Counts,
+    /// See [`FootprintAtPeak`].
+    at_peak: Option<FootprintAtPeak>,
 }
 
 /// Whether the traced program's call failed (then there is nothing to replay).
@@ -351,6 +361,11 @@ impl Replayer<'_> {
         for &(addr, size, stream) in &trace.prelude {
             self.prelude_block(addr, size, stream)?;
         }
+        let pool = self
+            .rt
+            .context_pool(self.ctx)
+            .map_err(|s| TraceError::new(Position::File, status_text(s)))?;
+        self.watch_peak(pool, 0);
         let events = &trace.events[..opts
             .max_events
             .map_or(trace.events.len(), |n| n.min(trace.events.len()))];
@@ -372,6 +387,7 @@ impl Replayer<'_> {
                 host.set_time(self.ctx.id, micros(ev).saturating_sub(first));
             }
             self.event(i, ev).map_err(|m| TraceError::new(at(i), m))?;
+            self.watch_peak(pool, i + 1);
             if (i + 1) % every == 0 {
                 self.sample(i + 1, true)
                     .map_err(|m| TraceError::new(at(i), m))?;

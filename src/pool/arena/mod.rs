@@ -194,6 +194,25 @@ impl Arena {
         self.idle_granules
     }
 
+    /// Granules of mapped chunks none of whose granules is in use (Note [chunks]).
+    pub fn stealable_granules(&self) -> u64 {
+        self.stealable_granules
+    }
+
+    /// Granules no block in use touches, in mapped chunks another granule of which is in
+    /// use (or that were exported): free, but they cannot move while the chunk is busy.
+    pub fn granules_free_in_busy_chunks(&self) -> u64 {
+        self.chunks
+            .iter()
+            .filter(|c| c.handle != 0 && c.at != NO_CHUNK && c.busy > 0)
+            .map(|c| {
+                (c.at..c.at + c.len)
+                    .filter(|&g| self.pins[g as usize] == 0)
+                    .count() as u64
+            })
+            .sum()
+    }
+
     pub fn granule_count(&self) -> usize {
         self.chunk_at.len()
     }

@@ -64,6 +64,33 @@ impl ReplayReport {
             }
             None => o.push_str(",\"reference\":null"),
         }
+        match self.at_peak {
+            Some(p) => {
+                let f = p.footprint;
+                let fields: [(&str, u64); 13] = [
+                    ("events", p.events as u64),
+                    ("reserved_bytes", f.reserved),
+                    ("in_use_bytes", f.in_use),
+                    ("awaiting_fence_bytes", f.awaiting_fence),
+                    ("stream_only_bytes", f.stream_only),
+                    ("arena_hole_ends_bytes", f.arena_hole_ends),
+                    ("arena_in_busy_chunks_bytes", f.arena_in_busy_chunks),
+                    ("arena_stealable_bytes", f.arena_stealable),
+                    ("arena_idle_bytes", f.arena_idle),
+                    ("segments_partly_free_bytes", f.segments_partly_free),
+                    ("segments_free_bytes", f.segments_free),
+                    ("segments_free", f.segments_free_count),
+                    ("other_bytes", f.other),
+                ];
+                o.push_str(",\"at_peak\":{");
+                for (n, (k, v)) in fields.iter().enumerate() {
+                    let sep = if n == 0 { "" } else { "," };
+                    let _ = write!(o, "{sep}\"{k}\":{v}");
+                }
+                o.push('}');
+            }
+            None => o.push_str(",\"at_peak\":null"),
+        }
         let _ = write!(
             o,
             ",\"live_at_end\":{},\"released_at_end_bytes\":{},\"reserved_after_empty_cache\":{}",

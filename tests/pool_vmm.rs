@@ -435,16 +435,7 @@ fn the_footprint_accounts_for_every_reserved_byte() {
     assert_eq!(f.arena_in_busy_chunks, G, "granule 2");
     assert_eq!((f.arena_stealable, f.arena_idle), (0, 0));
     assert_eq!(f.other, 0);
-    let counted = f.in_use
-        + f.awaiting_fence
-        + f.stream_only
-        + f.arena_hole_ends
-        + f.arena_in_busy_chunks
-        + f.arena_stealable
-        + f.arena_idle
-        + f.segments_partly_free
-        + f.segments_free;
-    assert_eq!(counted, f.reserved);
+    assert_eq!(f.accounted(), f.reserved);
     rt.free(a).unwrap();
     rt.free(c).unwrap();
     empty_and_check_nothing_left(rt, host, ctx);

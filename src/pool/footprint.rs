@@ -54,6 +54,21 @@ pub struct Footprint {
     pub other: u64,
 }
 
+impl Footprint {
+    /// The bytes the pool found in its lists and levels: all but [`Footprint::other`].
+    pub fn accounted(&self) -> u64 {
+        self.in_use
+            + self.awaiting_fence
+            + self.stream_only
+            + self.arena_hole_ends
+            + self.arena_in_busy_chunks
+            + self.arena_stealable
+            + self.arena_idle
+            + self.segments_partly_free
+            + self.segments_free
+    }
+}
+
 impl DevicePool {
     /// Where this pool's reserved bytes are now (Note [footprint]).
     pub fn footprint(&self) -> Footprint {
@@ -104,16 +119,7 @@ impl DevicePool {
                 f.segments_partly_free += free;
             }
         }
-        let counted = f.in_use
-            + f.awaiting_fence
-            + f.stream_only
-            + f.arena_hole_ends
-            + f.arena_in_busy_chunks
-            + f.arena_stealable
-            + f.arena_idle
-            + f.segments_partly_free
-            + f.segments_free;
-        f.other = f.reserved.saturating_sub(counted);
+        f.other = f.reserved.saturating_sub(f.accounted());
         f
     }
 }

@@ -34,9 +34,7 @@ impl ReplayReport {
             ("alloc_retries", self.alloc_retries),
             ("alloc_ns_median", self.alloc_time.median_ns),
         ];
-        for (k, v) in counts {
-            let _ = write!(o, ",\"{k}\":{v}");
-        }
+        push_fields(&mut o, &counts);
         let _ = write!(
             o,
             ",\"alloc_ns_mean\":{:.1},\"free_ns_median\":{},\"free_ns_mean\":{:.1}",
@@ -67,26 +65,24 @@ impl ReplayReport {
         match self.at_peak {
             Some(p) => {
                 let f = p.footprint;
-                let fields: [(&str, u64); 13] = [
-                    ("events", p.events as u64),
-                    ("reserved_bytes", f.reserved),
-                    ("in_use_bytes", f.in_use),
-                    ("awaiting_fence_bytes", f.awaiting_fence),
-                    ("stream_only_bytes", f.stream_only),
-                    ("arena_hole_ends_bytes", f.arena_hole_ends),
-                    ("arena_in_busy_chunks_bytes", f.arena_in_busy_chunks),
-                    ("arena_stealable_bytes", f.arena_stealable),
-                    ("arena_idle_bytes", f.arena_idle),
-                    ("segments_partly_free_bytes", f.segments_partly_free),
-                    ("segments_free_bytes", f.segments_free),
-                    ("segments_free", f.segments_free_count),
-                    ("other_bytes", f.other),
-                ];
-                o.push_str(",\"at_peak\":{");
-                for (n, (k, v)) in fields.iter().enumerate() {
-                    let sep = if n == 0 { "" } else { "," };
-                    let _ = write!(o, "{sep}\"{k}\":{v}");
-                }
+                let _ = write!(o, ",\"at_peak\":{{\"events\":{}", p.events);
+                push_fields(
+                    &mut o,
+                    &[
+                        ("reserved_bytes", f.reserved),
+                        ("in_use_bytes", f.in_use),
+                        ("awaiting_fence_bytes", f.awaiting_fence),
+                        ("stream_only_bytes", f.stream_only),
+                        ("arena_hole_ends_bytes", f.arena_hole_ends),
+                        ("arena_in_busy_chunks_bytes", f.arena_in_busy_chunks),
+                        ("arena_stealable_bytes", f.arena_stealable),
+                        ("arena_idle_bytes", f.arena_idle),
+                        ("segments_partly_free_bytes", f.segments_partly_free),
+                        ("segments_free_bytes", f.segments_free),
+                        ("segments_free", f.segments_free_count),
+                        ("other_bytes", f.other),
+                    ],
+                );
                 o.push('}');
             }
             None => o.push_str(",\"at_peak\":null"),
@@ -110,5 +106,13 @@ impl ReplayReport {
         }
         o.push('}');
         o
+    }
+}
+
+/// Appends `,"key":value` for each field.
+fn push_fields(o: &mut String, fields: &[(&str, u64)]) {
+    use core::fmt::Write;
+    for (k, v) in fields {
+        let _ = write!(o, ",\"{k}\":{v}");
     }
 }

@@ -443,6 +443,74 @@ fn the_footprint_accounts_for_every_reserved_byte() {
     cupool::config::set("vmm", "off").unwrap();
 }
 
+/// Note [wait before growing], in the arena: a buffer freed without a stream while the
+/// device is behind and allocated again a little larger (a KV cache grown step by step)
+/// waits for the fence of the old one, whose memory then moves to the new block, instead
+/// of the pool holding both. A free covering less than half of the request does not wait.
+#[test]
+fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
+    use cupool::trace::replay::{replay, ReplayOptions};
+    use cupool::trace::{Action, Trace, TraceEvent};
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, _host, _ctx) = vmm_setup(true);
+    let event = |t: u64, action, ptr, size| {
+        let mut ev = TraceEvent::rmm(1, t, action, ptr, size, 0);
+        ev.streamless = true;
+        ev
+    };
+    // Steps of 10 µs, each buffer 8 MiB larger than the one it replaces.
+    let grow = |from: u64, step: u64| {
+        let mut events = Vec::new();
+        let mut size = from;
+        for i in 0..8u64 {
+            let ptr = 0x7f00_0000_0000 + (i << 32);
+            events.push(event(20 * i, Action::Allocate, ptr, size));
+            events.push(event(20 * i + 10, Action::Free, ptr, size));
+            size += step;
+        }
+        Trace::from_events(events, Vec::new())
+    };
+    let opts = |lag| ReplayOptions {
+        gpu_lag_us: lag,
+        ..ReplayOptions::default()
+    };
+    // 64 MiB growing by 8 MiB up to 120 MiB; the device 5 ms behind.
+    let t = grow(64 * MIB, 8 * MIB);
+    let lagging = replay(rt, &t, &opts(5000), &mut |_| {}).unwrap();
+    assert!(
+        lagging.simulated_wait_us > 0,
+        "each step waited for the fence"
+    );
+    assert!(
+        lagging.peak_reserved_bytes <= 120 * MIB + 2 * G,
+        "one copy at a time: {} MiB",
+        lagging.peak_reserved_bytes / MIB
+    );
+    // With the device in step the same trace holds one copy too, and never waits.
+    let in_step = replay(rt, &t, &opts(0), &mut |_| {}).unwrap();
+    assert_eq!(in_step.simulated_wait_us, 0);
+    assert!(in_step.peak_reserved_bytes <= 120 * MIB + 2 * G);
+    // Growing threefold each step: the old copy covers a third of the new one, too little
+    // to wait for; the pool grows, and both copies are held at once.
+    let events: Vec<TraceEvent> = (0..4u64)
+        .flat_map(|i| {
+            let (ptr, size) = (0x7f00_0000_0000 + (i << 32), 4 * MIB * 3u64.pow(i as u32));
+            [
+                event(20 * i, Action::Allocate, ptr, size),
+                event(20 * i + 10, Action::Free, ptr, size),
+            ]
+        })
+        .collect();
+    let t = Trace::from_events(events, Vec::new());
+    let r = replay(rt, &t, &opts(5000), &mut |_| {}).unwrap();
+    assert_eq!(r.simulated_wait_us, 0, "no wait for a third of the request");
+    assert!(
+        r.peak_reserved_bytes >= 108 * MIB + 36 * MIB,
+        "both copies held"
+    );
+    cupool::config::set("vmm", "off").unwrap();
+}
+
 /// Note [arena in snapshots]: the layout walk shows the arena as its mapped runs, each a
 /// segment that its blocks tile, and not as one reserved range of a terabyte.
 #[test]

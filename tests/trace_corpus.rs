@@ -155,6 +155,24 @@ fn every_corpus_trace_replays_on_the_host_backend() {
                 if r.ops == 0 {
                     failures.push(format!("{name}: nothing replayed"));
                 }
+                // Note [footprint]: the parts of the reserved bytes at the peak are found
+                // without overlap, so they never add up to more than the reserved bytes.
+                match r.at_peak {
+                    Some(p) if p.footprint.accounted() > p.footprint.reserved => {
+                        failures.push(format!(
+                            "{name}: the footprint at the peak counts {} of {} reserved bytes",
+                            p.footprint.accounted(),
+                            p.footprint.reserved
+                        ))
+                    }
+                    Some(p) if p.footprint.reserved > r.peak_reserved_bytes => {
+                        failures.push(format!("{name}: the footprint's peak passes the peak"))
+                    }
+                    None if r.peak_reserved_bytes > 0 => {
+                        failures.push(format!("{name}: no footprint at the peak"))
+                    }
+                    _ => {}
+                }
             }
             Err(e) => failures.push(format!("{name}: {e}")),
         }

@@ -21,10 +21,9 @@
 //! neighbour) or in granules no block in use touches; the second kind are exactly the
 //! unpinned granules of mapped chunks, counted per chunk.
 
-use super::block::NIL;
 use super::counters::Level;
-use super::{thread_cache, DevicePool, BLOCKS};
-use std::collections::HashMap;
+use super::pool_stats::{segment_size, FreeTally};
+use super::{thread_cache, DevicePool};
 
 /// Where the reserved bytes of one pool are (Note [footprint]); every field is bytes.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -74,7 +73,6 @@ impl DevicePool {
     pub fn footprint(&self) -> Footprint {
         let in_use = thread_cache::sum_level(self.index, Level::Allocated).max(0) as u64;
         let sh = self.shared.lock();
-        let arena = sh.arena.as_ref();
         let mut f = Footprint {
             reserved: sh.reserved,
             in_use,
@@ -82,37 +80,17 @@ impl DevicePool {
             stream_only: sh.streams.iter().map(|st| st.age.bytes).sum(),
             ..Footprint::default()
         };
-        if let Some(a) = arena {
+        if let Some(a) = sh.arena.as_ref() {
             f.arena_in_busy_chunks = a.granules_free_in_busy_chunks() * a.granule;
             f.arena_stealable = a.stealable_granules() * a.granule;
             f.arena_idle = a.idle_granules() * a.granule;
         }
-        let mut free_of_segment: HashMap<u64, u64> = HashMap::new();
-        // SAFETY: pool lock held; the shared indexes' blocks are the pool's.
-        let shared = unsafe {
-            let mut all = sh.small.collect(&BLOCKS);
-            all.extend(sh.large.collect(&BLOCKS));
-            all
-        };
-        for idx in shared {
-            // SAFETY: as above.
-            let d = unsafe { BLOCKS.get(idx).data() };
-            match arena.filter(|a| a.contains(d.ptr)) {
-                Some(a) => f.arena_hole_ends += a.pinned_ends(d.ptr, d.size),
-                None => {
-                    if let Some((&base, _)) = sh.segments.range(..=d.ptr).next_back() {
-                        *free_of_segment.entry(base).or_insert(0) += d.size;
-                    }
-                }
-            }
-        }
-        for (base, free) in free_of_segment {
-            let head = sh.segments[&base];
-            debug_assert!(head != NIL);
-            // SAFETY: pool lock held; a segment's head record is the pool's while the
-            // segment exists (its size field is read only here and by the pool).
-            let size = unsafe { BLOCKS.get(head).data().segment_size };
-            if free >= size {
+        // SAFETY: pool lock held.
+        let tally = unsafe { FreeTally::of_shared_index(&sh) };
+        f.arena_hole_ends = tally.arena_mapped;
+        for (base, free) in tally.of_segment {
+            // SAFETY: pool lock held; `base` is a segment of this pool.
+            if free >= unsafe { segment_size(&sh, base) } {
                 f.segments_free += free;
                 f.segments_free_count += 1;
             } else {

@@ -81,53 +81,28 @@ impl DevicePool {
     /// # Safety
     /// Pool lock held (`sh` is the locked state).
     unsafe fn fragmentation(sh: &Shared) -> Fragmentation {
-        let mut free_of_segment: HashMap<u64, u64> = HashMap::new();
-        let mut arena_inactive = 0u64;
-        let arena = sh.arena.as_ref();
-        let mut count = |idx: BlockIdx, shared: bool| {
-            let d = BLOCKS.get(idx).data();
-            match arena.filter(|a| a.contains(d.ptr)) {
-                // Blocks outside the shared index pin (and keep mapped) all their granules.
-                Some(a) => {
-                    arena_inactive += if shared {
-                        a.pinned_ends(d.ptr, d.size)
-                    } else {
-                        d.size
-                    }
-                }
-                None => {
-                    if let Some((&base, _)) = sh.segments.range(..=d.ptr).next_back() {
-                        *free_of_segment.entry(base).or_insert(0) += d.size;
-                    }
-                }
-            }
-        };
-        for idx in sh
-            .small
-            .collect(&BLOCKS)
-            .into_iter()
-            .chain(sh.large.collect(&BLOCKS))
-        {
-            count(idx, true);
-        }
+        // SAFETY: pool lock held.
+        let mut tally = unsafe { FreeTally::of_shared_index(sh) };
         let fifos = sh.streams.iter().map(|st| &st.age).chain([&sh.fence_queue]);
         for fifo in fifos.clone() {
             let mut idx = fifo.front().unwrap_or(NIL);
             while idx != NIL {
-                count(idx, false);
-                idx = BLOCKS.get(idx).data().fifo_next;
+                // SAFETY: pool lock held; the fifo's blocks are the pool's.
+                unsafe {
+                    tally.add(sh, idx, false);
+                    idx = BLOCKS.get(idx).data().fifo_next;
+                }
             }
         }
-        let inactive_split = free_of_segment
+        let inactive_split = tally
+            .of_segment
             .iter()
-            .filter(|&(base, &free)| {
-                let head = sh.segments[base];
-                free < BLOCKS.get(head).data().segment_size
-            })
+            // SAFETY: pool lock held.
+            .filter(|&(&base, &free)| free < unsafe { segment_size(sh, base) })
             .map(|(_, &free)| free)
             .sum::<u64>()
-            + arena_inactive;
-        let (mapped_now, arena_peak, granules) = arena.map_or((0, 0, 0), |a| {
+            + tally.arena_mapped;
+        let (mapped_now, arena_peak, granules) = sh.arena.as_ref().map_or((0, 0, 0), |a| {
             (a.mapped * a.granule, a.mapped_peak * a.granule, a.mapped)
         });
         Fragmentation {
@@ -156,6 +131,73 @@ impl DevicePool {
             a.mapped_peak = a.mapped;
         }
     }
+}
+
+/// Free blocks of the pool's lists, tallied by where their bytes are (Note [fragmentation
+/// stats], Note [footprint]).
+#[derive(Default)]
+pub(super) struct FreeTally {
+    /// Free bytes per segment (blocks outside the VMM arena), by segment base.
+    pub(super) of_segment: HashMap<u64, u64>,
+    /// In the VMM arena, free bytes that keep granules mapped: the pinned end granules of
+    /// a free shared block, all of a block outside the shared index.
+    pub(super) arena_mapped: u64,
+}
+
+impl FreeTally {
+    /// The tally of the shared index's blocks.
+    ///
+    /// # Safety
+    /// Pool lock held (`sh` is the locked state).
+    pub(super) unsafe fn of_shared_index(sh: &Shared) -> FreeTally {
+        let mut tally = FreeTally::default();
+        // SAFETY: the caller's contract; the indexes' blocks are the pool's.
+        unsafe {
+            for idx in sh
+                .small
+                .collect(&BLOCKS)
+                .into_iter()
+                .chain(sh.large.collect(&BLOCKS))
+            {
+                tally.add(sh, idx, true);
+            }
+        }
+        tally
+    }
+
+    /// Counts the free block `idx`, in the shared index (`shared`) or in a fifo.
+    ///
+    /// # Safety
+    /// Pool lock held (`sh` is the locked state); `idx` is one of its free blocks.
+    pub(super) unsafe fn add(&mut self, sh: &Shared, idx: BlockIdx, shared: bool) {
+        // SAFETY: the caller's contract.
+        let d = unsafe { BLOCKS.get(idx).data() };
+        match sh.arena.as_ref().filter(|a| a.contains(d.ptr)) {
+            // Blocks outside the shared index pin (and keep mapped) all their granules.
+            Some(a) => {
+                self.arena_mapped += if shared {
+                    a.pinned_ends(d.ptr, d.size)
+                } else {
+                    d.size
+                }
+            }
+            None => {
+                if let Some((&base, _)) = sh.segments.range(..=d.ptr).next_back() {
+                    *self.of_segment.entry(base).or_insert(0) += d.size;
+                }
+            }
+        }
+    }
+}
+
+/// The size of the segment at `base`.
+///
+/// # Safety
+/// Pool lock held; `base` is one of its segments (whose head record is read only for this
+/// field, which no other thread writes while the segment exists).
+pub(super) unsafe fn segment_size(sh: &Shared, base: u64) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { BLOCKS.get(sh.segments[&base]).data().segment_size }
 }
 
 /// The statistics [`DevicePool::fragmentation`] derives from the pool's lists.

@@ -284,14 +284,19 @@ impl DevicePool {
         if bound == 0 || !self.may_order() {
             return None;
         }
-        let (waiting, streamless) = {
+        let (waiting, moves_into_it) = {
             let sh = self.shared.lock();
             let streamless = sh.fence_queue.bytes;
             let on_streams: u64 = sh.streams.iter().map(|st| st.age.bytes).sum();
-            (streamless + on_streams, streamless)
+            // In the arena (`arena_active`, read under the lock already held).
+            let in_arena = req.kind == SegmentKind::Large
+                && self.vmm.load(Ordering::Relaxed)
+                && sh.arena.is_some();
+            (
+                streamless + on_streams,
+                in_arena && 2 * streamless >= req.size,
+            )
         };
-        let moves_into_it =
-            req.kind == SegmentKind::Large && self.arena_active() && 2 * streamless >= req.size;
         if waiting < req.size && !moves_into_it {
             return None;
         }

@@ -56,21 +56,27 @@ fn shared_library_has_the_versioned_soname_and_its_link() {
 #[test]
 fn static_library_defines_the_whole_c_api() {
     let archive = profile_dir().join("libcupool.a");
-    let out = Command::new("nm")
-        .args(["--defined-only", "--extern-only", "--no-sort"])
+    // readelf, not nm: where a linker plugin is installed (Debian's llvm-*-linker-tools put
+    // one in /usr/lib/bfd-plugins), nm hands the archive's objects to it because they carry
+    // embedded bitcode, and an older LLVM than rustc's then lists no symbols at all.
+    let out = Command::new("readelf")
+        .args(["--syms", "--wide"])
         .arg(&archive)
         .output()
-        .expect("run nm");
-    assert!(out.status.success(), "nm {} failed", archive.display());
+        .expect("run readelf");
+    assert!(out.status.success(), "readelf {} failed", archive.display());
     // A static archive holds Rust's symbols too (no linker has hidden them yet), so only
-    // the cupool_ functions are compared.
+    // the cupool_ functions are compared. Columns: Num, Value, Size, Type, Bind, Vis, Ndx,
+    // Name.
     let defined: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
-            let mut fields = l.split_whitespace();
-            let kind = fields.nth(1)?;
-            let name = fields.next()?;
-            (kind == "T" && name.starts_with("cupool_")).then(|| name.to_string())
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            let [_, _, _, kind, bind, _, section, name] = fields[..] else {
+                return None;
+            };
+            let defined_function = kind == "FUNC" && bind == "GLOBAL" && section != "UND";
+            (defined_function && name.starts_with("cupool_")).then(|| name.to_string())
         })
         .collect();
     assert_eq!(

@@ -11,6 +11,7 @@
 //! The doc comments on the exports become the comments of the generated header, so they
 //! state ownership and NULL rules for the C reader.
 
+mod boundary;
 pub mod capture;
 pub mod cupy;
 pub mod device;
@@ -18,15 +19,17 @@ pub mod pinned;
 pub mod process_api;
 pub mod torch;
 
-use crate::backend::{DevicePtr, StreamHandle};
+use crate::backend::DevicePtr;
 use crate::runtime::{runtime, runtime_if_started};
 use crate::stats::{CupoolStats, CUPOOL_STATS_VERSION};
-use crate::status::{CupoolStatus, Result};
+use crate::status::CupoolStatus;
 use core::ffi::{c_char, c_int, c_void, CStr};
-use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, Ordering};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use boundary::{
+    c_text, copy_text_out, device_ordinal, device_selection, guard, required, stream_handle,
+    text_export, to_c_pointer, write_optional,
+};
 use CupoolStatus::*;
 
 /// A CUDA stream, as `cuda.h` declares it (`typedef struct CUstream_st *CUstream`). Only its
@@ -41,119 +44,6 @@ pub struct CUstream_st {
 /// no `CupoolStatus` variant (an out-of-range Rust enum value would be undefined behaviour).
 /// The header shows it as `cupool_status`.
 pub type CupoolStatusCode = c_int;
-
-/// Runs one export's body: `Ok` becomes `CUPOOL_OK`, an error its status, and a panic
-/// `CUPOOL_ERROR_INTERNAL` after one line on stderr. The only place a panic is caught.
-fn guard(body: impl FnOnce() -> Result<()>) -> CupoolStatus {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => CupoolOk,
-        Ok(Err(status)) => status,
-        Err(_) => {
-            crate::log::always(
-                "cupool: internal error: a panic was caught at the C boundary; returning CUPOOL_ERROR_INTERNAL",
-            );
-            CupoolErrorInternal
-        }
-    }
-}
-
-/// An out-pointer the caller must supply.
-fn required<T>(out: *mut T) -> Result<NonNull<T>> {
-    NonNull::new(out).ok_or(CupoolErrorInvalidValue)
-}
-
-/// Writes an optional out-parameter (NULL: the caller does not want it).
-///
-/// # Safety
-/// `out` is NULL or valid for a write of `T`.
-unsafe fn write_optional<T>(out: *mut T, value: T) {
-    if let Some(out) = NonNull::new(out) {
-        out.write(value);
-    }
-}
-
-/// `-1` selects all devices; any other negative ordinal is refused here, too-large ones by
-/// the runtime.
-fn device_selection(device: c_int) -> Result<Option<i32>> {
-    match device {
-        -1 => Ok(None),
-        d if d < 0 => Err(CupoolErrorInvalidDevice),
-        d => Ok(Some(d)),
-    }
-}
-
-fn device_ordinal(device: c_int) -> Result<i32> {
-    if device < 0 {
-        Err(CupoolErrorInvalidDevice)
-    } else {
-        Ok(device)
-    }
-}
-
-fn stream_handle(stream: *mut CUstream_st) -> StreamHandle {
-    stream as StreamHandle
-}
-
-fn to_c_pointer(ptr: DevicePtr) -> Result<*mut c_void> {
-    let address = usize::try_from(ptr).map_err(|_| CupoolErrorInternal)?;
-    Ok(address as *mut c_void)
-}
-
-/// Copies `text` and a NUL into `buf`; `*needed_out` (when not NULL) receives
-/// `strlen(text) + 1` on success and on `CUPOOL_ERROR_BUFFER_TOO_SMALL`.
-///
-/// # Safety
-/// `buf` is NULL or valid for `buf_len` bytes; `needed_out` is NULL or valid for a write.
-unsafe fn copy_text_out(
-    text: &str,
-    buf: *mut c_char,
-    buf_len: usize,
-    needed_out: *mut usize,
-) -> Result<()> {
-    if buf.is_null() && buf_len != 0 {
-        return Err(CupoolErrorInvalidValue);
-    }
-    let needed = text.len() + 1;
-    if buf_len < needed {
-        write_optional(needed_out, needed);
-        return Err(CupoolErrorBufferTooSmall);
-    }
-    let dst = buf.cast::<u8>();
-    core::ptr::copy_nonoverlapping(text.as_ptr(), dst, text.len());
-    dst.add(text.len()).write(0);
-    write_optional(needed_out, needed);
-    Ok(())
-}
-
-/// [`copy_text_out`] of a text made only once the buffer arguments are known good (so a
-/// bad call costs nothing), under [`guard`].
-///
-/// # Safety
-/// As for [`copy_text_out`].
-unsafe fn text_export(
-    buf: *mut c_char,
-    buf_len: usize,
-    needed_out: *mut usize,
-    make: impl FnOnce() -> Result<String>,
-) -> CupoolStatus {
-    guard(|| {
-        if buf.is_null() && buf_len != 0 {
-            return Err(CupoolErrorInvalidValue);
-        }
-        copy_text_out(&make()?, buf, buf_len, needed_out)
-    })
-}
-
-/// A C string argument as UTF-8; NULL is `CUPOOL_ERROR_INVALID_VALUE`, bad UTF-8 `not_utf8`.
-///
-/// # Safety
-/// `s` is NULL or a NUL-terminated string that lives for the call.
-unsafe fn c_text<'a>(s: *const c_char, not_utf8: CupoolStatus) -> Result<&'a str> {
-    if s.is_null() {
-        return Err(CupoolErrorInvalidValue);
-    }
-    CStr::from_ptr(s).to_str().map_err(|_| not_utf8)
-}
 
 /// Allocates `size` bytes of device memory on the calling thread's current device
 /// (context). The block is safe to use from any stream at once: no work is pending on it.
@@ -674,124 +564,4 @@ extern "C" fn set_interposition_active_entry(active: c_int) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_table_is_indexed_by_value() {
-        for (i, s) in ALL_STATUSES.iter().enumerate() {
-            assert_eq!(*s as usize, i);
-            let text = unsafe { CStr::from_ptr(cupool_status_string(i as c_int)) };
-            assert_eq!(text.to_str().unwrap(), s.as_str());
-        }
-    }
-
-    #[test]
-    fn unknown_status_values_get_text() {
-        for v in [-1, 15, 1000, c_int::MIN, c_int::MAX] {
-            let text = unsafe { CStr::from_ptr(cupool_status_string(v)) };
-            assert_eq!(text, UNKNOWN_STATUS_TEXT);
-        }
-    }
-
-    #[test]
-    fn version_is_the_package_version() {
-        let text = unsafe { CStr::from_ptr(cupool_version()) };
-        assert_eq!(text.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
-    }
-
-    #[test]
-    fn guard_turns_panic_into_internal() {
-        assert_eq!(guard(|| panic!("boom")), CupoolErrorInternal);
-        assert_eq!(guard(|| Err(CupoolErrorDoubleFree)), CupoolErrorDoubleFree);
-        assert_eq!(guard(|| Ok(())), CupoolOk);
-    }
-
-    #[test]
-    fn device_selection_maps_minus_one_to_all() {
-        assert_eq!(device_selection(-1), Ok(None));
-        assert_eq!(device_selection(3), Ok(Some(3)));
-        assert_eq!(device_selection(-2), Err(CupoolErrorInvalidDevice));
-        assert_eq!(device_ordinal(-1), Err(CupoolErrorInvalidDevice));
-    }
-
-    #[test]
-    fn text_out_reports_needed_size_and_writes_only_when_it_fits() {
-        let mut needed = 0usize;
-        let mut buf = [b'x' as c_char; 8];
-        unsafe {
-            assert_eq!(
-                copy_text_out("hello", core::ptr::null_mut(), 0, &mut needed),
-                Err(CupoolErrorBufferTooSmall)
-            );
-            assert_eq!(needed, 6);
-            needed = 0;
-            assert_eq!(
-                copy_text_out("hello", buf.as_mut_ptr(), 5, &mut needed),
-                Err(CupoolErrorBufferTooSmall)
-            );
-            assert_eq!(needed, 6);
-            assert!(
-                buf.iter().all(|&c| c == b'x' as c_char),
-                "buffer touched on failure"
-            );
-            assert_eq!(
-                copy_text_out("hello", buf.as_mut_ptr(), 6, core::ptr::null_mut()),
-                Ok(())
-            );
-            assert_eq!(CStr::from_ptr(buf.as_ptr()).to_str().unwrap(), "hello");
-            assert_eq!(
-                copy_text_out("hello", core::ptr::null_mut(), 3, &mut needed),
-                Err(CupoolErrorInvalidValue)
-            );
-        }
-    }
-
-    #[test]
-    fn null_out_pointers_are_refused_before_any_work() {
-        unsafe {
-            assert_eq!(
-                cupool_alloc(core::ptr::null_mut(), 16),
-                CupoolErrorInvalidValue
-            );
-            assert_eq!(
-                cupool_alloc_async(core::ptr::null_mut(), 16, core::ptr::null_mut()),
-                CupoolErrorInvalidValue
-            );
-            assert_eq!(
-                cupool_get_stats(-1, core::ptr::null_mut()),
-                CupoolErrorInvalidValue
-            );
-            assert_eq!(
-                cupool_get_memory_limit(0, core::ptr::null_mut()),
-                CupoolErrorInvalidValue
-            );
-            assert_eq!(cupool_free(core::ptr::null_mut()), CupoolOk);
-            assert_eq!(
-                cupool_free_async(core::ptr::null_mut(), core::ptr::null_mut()),
-                CupoolOk
-            );
-        }
-    }
-
-    #[test]
-    fn stats_header_is_checked_before_any_work() {
-        let mut stats = CupoolStats::new();
-        stats.version = 0;
-        assert_eq!(
-            unsafe { cupool_get_stats(-1, &mut stats) },
-            CupoolErrorVersionMismatch
-        );
-        stats.version = CUPOOL_STATS_VERSION + 1;
-        assert_eq!(
-            unsafe { cupool_get_stats(-1, &mut stats) },
-            CupoolErrorVersionMismatch
-        );
-        stats.version = CUPOOL_STATS_VERSION;
-        stats.size = 4;
-        assert_eq!(
-            unsafe { cupool_get_stats(-1, &mut stats) },
-            CupoolErrorVersionMismatch
-        );
-    }
-}
+mod tests;

@@ -27,6 +27,7 @@ pub mod legacy_order;
 mod lifecycle;
 mod on_device;
 mod pinned;
+pub mod stream_ids;
 mod tracing;
 
 pub use lifecycle::{
@@ -307,7 +308,8 @@ impl Runtime {
     ) -> Result<DevicePtr> {
         seen.device = pool.ctx.device;
         legacy_order::note_stream(stream);
-        let sid = self.backend.stream_id(stream).map_err(CupoolStatus::from)?;
+        let sid =
+            stream_ids::stream_id(self.backend, pool.ctx.id, stream).map_err(CupoolStatus::from)?;
         seen.stream_id = sid.0;
         let s = StreamRef {
             id: sid.0,

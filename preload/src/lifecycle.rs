@@ -158,5 +158,7 @@ pub fn on_load() {
         cupool::ffi::set_interposition_active(true);
         // Note [captures seen by hooks].
         cupool::runtime::Runtime::interposer_reports_captures();
+        // Note [stream id cache]: streams.rs reports every stream creation.
+        cupool::runtime::stream_ids::creations_seen_by_caller();
     }
 }

@@ -1,6 +1,8 @@
-//! Stream-creation hooks: the first stream a program creates ends legacy order (Note
-//! [legacy order] in `cupool::runtime::legacy_order`): from then on work may run outside
-//! the legacy default stream's order, so streamless frees wait for context fences again.
+//! Stream-creation hooks: every creation makes the stream ids threads remember stale (Note
+//! [stream id cache] in `cupool::runtime::stream_ids`), and the first stream a program
+//! creates ends legacy order (Note [legacy order] in `cupool::runtime::legacy_order`): from
+//! then on work may run outside the legacy default stream's order, so streamless frees
+//! wait for context fences again.
 //!
 //! The mode ends before the real call, so that no block is handed out under legacy order
 //! once the stream exists; the real call's result is returned unchanged. Ending it waits
@@ -17,6 +19,9 @@ use core::ffi::{c_int, c_uint};
 /// Ends legacy order because a stream is being created (not in a fork child, where the
 /// pool is not used, nor once the process exits).
 fn stream_created(how: &str) {
+    // Note [stream id cache]: before the real call, so that no thread can name the new
+    // stream under an id remembered for the handle's previous stream.
+    cupool::runtime::stream_ids::stream_created();
     if lifecycle::pass_through() || lifecycle::exiting() {
         return;
     }

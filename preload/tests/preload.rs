@@ -273,6 +273,38 @@ fn legacy_order_reuses_at_once_until_a_stream_is_created() {
     }
 }
 
+/// Note [stream id cache]: under the preload a stream-ordered pair (through the C API) does
+/// not ask the driver for its stream's id, and a stream created since makes the pool ask
+/// again (the creation hook at work).
+#[test]
+fn stream_ids_are_asked_for_again_only_after_a_stream_creation() {
+    for reach in ALL_REACHES {
+        let exe = support::driver_program(reach);
+        let log = support::scratch().join(format!("stream-ids-{reach:?}.log"));
+        let _ = std::fs::remove_file(&log);
+        let out = run_ok(
+            &exe,
+            &["stream-ids"],
+            true,
+            &[("FAKE_CUDA_LOG", log.to_str().unwrap())],
+        );
+        assert_eq!(out.num("api"), 1, "{reach:?}: the preload's C API is there");
+        assert_eq!(out.num("failures"), 0, "{reach:?}");
+        assert_eq!(
+            out.num("same_block"),
+            300,
+            "{reach:?}: reused in stream order"
+        );
+        let logged = std::fs::read_to_string(&log).expect("the fake wrote its log");
+        let asked = logged
+            .lines()
+            .filter(|l| l.starts_with("cuStreamGetId"))
+            .count();
+        // Stream A, stream B, then A again after B's creation: 3 for 300 pairs.
+        assert_eq!(asked, 3, "{reach:?}: cuStreamGetId calls for 300 pairs");
+    }
+}
+
 /// NULL, interior, unknown, double and managed frees, NULL out-pointers and size 0 get
 /// exactly the driver's answers.
 #[test]

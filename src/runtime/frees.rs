@@ -116,7 +116,7 @@ impl Runtime {
         let sid = if alloc_stream != STREAMLESS && alloc_handle == stream as u64 {
             crate::backend::StreamId(alloc_stream)
         } else {
-            match self.backend.stream_id(stream) {
+            match super::stream_ids::stream_id(self.backend, taken.pool().ctx.id, stream) {
                 Ok(sid) => sid,
                 Err(e) => {
                     // The stream cannot be identified: the program keeps the block.

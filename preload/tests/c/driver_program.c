@@ -51,6 +51,7 @@ typedef CUresult (*gpa_v1_fn)(const char *, void **, int, unsigned long long);
     X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, CUresult, (CUdeviceptr))           \
     X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000, CUresult, (void *, int, CUdeviceptr)) \
     X(cuStreamCreate, "cuStreamCreate", 2000, CUresult, (CUhandle *, unsigned))            \
+    X(cuStreamDestroy_v2, "cuStreamDestroy", 4000, CUresult, (CUhandle))                  \
     X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, CUresult, (CUhandle, int))   \
     X(cuStreamEndCapture, "cuStreamEndCapture", 10000, CUresult, (CUhandle, CUhandle *))   \
     X(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000, CUresult, (CUhandle, unsigned))
@@ -224,6 +225,46 @@ static void scenario_legacy_order(void)
     struct fake_cuda_counters c3;
     fake_counters(&c3);
     printf("after.fences=%llu\n", (unsigned long long)(c3.ctx_record_event - c2.ctx_record_event));
+}
+
+/*
+ * Stream-ordered pairs through cupool's C API (the preload's own exports: the interposer
+ * serves cuMemAlloc, not cuMemAllocAsync) on stream A, then on a stream B created after,
+ * then on A again. Note [stream id cache]: the pool asks the driver for a stream's id once
+ * and again only after a stream was created (which may have reused a handle): A, B, and A
+ * once more, whatever the number of pairs. The Rust test counts the cuStreamGetId calls
+ * in the fake's log.
+ */
+static void scenario_stream_ids(void)
+{
+    typedef int (*alloc_async_fn)(void **, size_t, CUhandle);
+    typedef int (*free_async_fn)(void *, CUhandle);
+    alloc_async_fn alloc_async = (alloc_async_fn)dlsym(RTLD_DEFAULT, "cupool_alloc_async");
+    free_async_fn free_async = (free_async_fn)dlsym(RTLD_DEFAULT, "cupool_free_async");
+    if (!alloc_async || !free_async) {
+        printf("api=0\n");
+        return;
+    }
+    enum { PAIRS = 100 };
+    CUhandle a = NULL, b = NULL;
+    CHECK(drv.cuStreamCreate(&a, 0));
+    unsigned same = 0, failures = 0;
+    for (int phase = 0; phase < 3; phase++) {
+        if (phase == 1)
+            CHECK(drv.cuStreamCreate(&b, 0));
+        CUhandle s = phase == 1 ? b : a;
+        void *p = NULL, *first = NULL;
+        for (int i = 0; i < PAIRS; i++) {
+            failures += alloc_async(&p, 4096, s) != 0;
+            if (i == 0)
+                first = p;
+            same += p == first;
+            failures += free_async(p, s) != 0;
+        }
+    }
+    CHECK(drv.cuStreamDestroy_v2(b));
+    CHECK(drv.cuStreamDestroy_v2(a));
+    printf("api=1\npairs=%d\nfailures=%u\nsame_block=%u\n", 3 * PAIRS, failures, same);
 }
 
 /* Frees the driver rejects must be rejected the same way; foreign frees still work. */
@@ -617,6 +658,8 @@ int main(int argc, char **argv)
         scenario_errors();
     else if (!strcmp(s, "legacy-order"))
         scenario_legacy_order();
+    else if (!strcmp(s, "stream-ids"))
+        scenario_stream_ids();
     else if (!strcmp(s, "oom"))
         scenario_oom();
     else if (!strcmp(s, "capture"))

@@ -1,0 +1,65 @@
+//! Note [stream id cache] in `src/runtime/stream_ids.rs`, on the host backend: where every
+//! stream creation is reported (as the interposer's hooks do), a thread remembers the ids
+//! of the streams it names, until the next creation.
+//!
+//! A test binary of its own: "creations are reported" is process-wide. The host backend
+//! forgets a handle's id when the stream is destroyed (`destroy_stream`) and gives the
+//! handle a new id at its next use, as the driver does when it hands a destroyed stream's
+//! handle to a new stream.
+
+mod host_pool;
+
+use cupool::backend::StreamHandle;
+use cupool::runtime::stream_ids;
+use host_pool::setup_held;
+use std::sync::Mutex;
+
+/// A creation reported by one test makes every thread's ids stale: the tests take turns.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+#[test]
+fn a_handle_that_names_a_new_stream_does_not_get_the_old_streams_blocks() {
+    // Fences complete only when the test says so: a block freed on the old stream may
+    // still be in use there, and only its own stream may take it at once.
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, _ctx) = setup_held();
+    stream_ids::creations_seen_by_caller();
+    let s: StreamHandle = 0x7100;
+    let p = rt.alloc_async(4096, s).unwrap();
+    rt.free_async(p, s).unwrap();
+    assert_eq!(
+        rt.alloc_async(4096, s).unwrap(),
+        p,
+        "same stream: reused at once"
+    );
+    rt.free_async(p, s).unwrap();
+    // The program destroys the stream and creates another, which gets the same handle.
+    host.destroy_stream(s);
+    stream_ids::stream_created();
+    let q = rt.alloc_async(4096, s).unwrap();
+    assert_ne!(
+        q, p,
+        "the new stream took the old stream's block without a fence"
+    );
+    rt.free_async(q, s).unwrap();
+}
+
+#[test]
+fn an_id_is_remembered_until_a_stream_is_created() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, _ctx) = setup_held();
+    stream_ids::creations_seen_by_caller();
+    let s: StreamHandle = 0x7200;
+    let p = rt.alloc_async(4096, s).unwrap();
+    rt.free_async(p, s).unwrap();
+    // The backend would now give the handle a new id, but no creation was reported, so
+    // the handle still names its stream: the id is not asked for again, and the block
+    // freed on it is taken at once. (A driver never renames a handle without a creation.)
+    host.destroy_stream(s);
+    assert_eq!(
+        rt.alloc_async(4096, s).unwrap(),
+        p,
+        "the id was asked for again"
+    );
+    rt.free_async(p, s).unwrap();
+}

@@ -280,14 +280,8 @@ fn legacy_order_reuses_at_once_until_a_stream_is_created() {
 fn stream_ids_are_asked_for_again_only_after_a_stream_creation() {
     for reach in ALL_REACHES {
         let exe = support::driver_program(reach);
-        let log = support::scratch().join(format!("stream-ids-{reach:?}.log"));
-        let _ = std::fs::remove_file(&log);
-        let out = run_ok(
-            &exe,
-            &["stream-ids"],
-            true,
-            &[("FAKE_CUDA_LOG", log.to_str().unwrap())],
-        );
+        let log = format!("stream-ids-{reach:?}.log");
+        let (out, calls) = support::run_ok_counting_calls(&exe, &["stream-ids"], true, &log);
         assert_eq!(out.num("api"), 1, "{reach:?}: the preload's C API is there");
         assert_eq!(out.num("failures"), 0, "{reach:?}");
         assert_eq!(
@@ -295,11 +289,7 @@ fn stream_ids_are_asked_for_again_only_after_a_stream_creation() {
             300,
             "{reach:?}: reused in stream order"
         );
-        let logged = std::fs::read_to_string(&log).expect("the fake wrote its log");
-        let asked = logged
-            .lines()
-            .filter(|l| l.starts_with("cuStreamGetId"))
-            .count();
+        let asked = calls("cuStreamGetId");
         // Stream A, stream B, then A again after B's creation: 3 for 300 pairs.
         assert_eq!(asked, 3, "{reach:?}: cuStreamGetId calls for 300 pairs");
     }
@@ -648,21 +638,10 @@ fn interposition_is_reported_only_under_the_preload() {
 fn api_only_programs_under_the_preload_make_no_capture_probe() {
     let exe = support::api_program();
     for preload in [true, false] {
-        let log = support::scratch().join(format!("api-probe-{preload}.log"));
-        let _ = std::fs::remove_file(&log);
-        let out = run_ok(
-            &exe,
-            &["200"],
-            preload,
-            &[("FAKE_CUDA_LOG", log.to_str().unwrap())],
-        );
+        let log = format!("api-probe-{preload}.log");
+        let (out, count) = support::run_ok_counting_calls(&exe, &["200"], preload, &log);
         assert_eq!(out.get("pair_failures"), "0");
-        let logged = std::fs::read_to_string(&log).expect("the fake wrote its log");
-        let count = |call: &str| logged.lines().filter(|l| l.starts_with(call)).count();
-        assert!(
-            count("cuCtxRecordEvent") > 0,
-            "the frees were fenced: {logged}"
-        );
+        assert!(count("cuCtxRecordEvent") > 0, "the frees were fenced");
         let probes = count("cuStreamIsCapturing");
         if preload {
             assert_eq!(probes, 0, "no probe under the preload");

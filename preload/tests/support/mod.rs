@@ -304,6 +304,27 @@ pub fn run_ok(program: &Path, args: &[&str], preload: bool, env: &[(&str, &str)]
     Results::parse(&String::from_utf8_lossy(&out.stdout))
 }
 
+/// [`run_ok`] with the fake driver logging its calls to a fresh file `name` of the scratch
+/// directory: the program's results, and how many calls of each name the log holds.
+pub fn run_ok_counting_calls(
+    program: &Path,
+    args: &[&str],
+    preload: bool,
+    name: &str,
+) -> (Results, impl Fn(&str) -> usize) {
+    let log = scratch().join(name);
+    let _ = std::fs::remove_file(&log);
+    let out = run_ok(
+        program,
+        args,
+        preload,
+        &[("FAKE_CUDA_LOG", log.to_str().unwrap())],
+    );
+    let logged = std::fs::read_to_string(&log).expect("the fake wrote its log");
+    let count = move |call: &str| logged.lines().filter(|l| l.starts_with(call)).count();
+    (out, count)
+}
+
 /// `key=value` lines of a program's output, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Results(pub Vec<(String, String)>);

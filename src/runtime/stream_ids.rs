@@ -1,6 +1,6 @@
 //! Note [stream id cache]: the pool keys streams by the driver's id (`cuStreamGetId`), and
 //! a stream-ordered call names its stream by handle, so each allocation asked the driver
-//! (8–27 ns on an H100 host, a fifth to a third of a cached pair; docs/BENCHMARKS.md).
+//! (8–35 ns on an H100 host, up to a third of a cached pair; docs/BENCHMARKS.md).
 //!
 //! A handle comes to name another stream only through a stream creation: the driver may
 //! hand a destroyed stream's handle to the next stream it creates. Where every creation in

@@ -16,8 +16,9 @@ use crate::real;
 use crate::slots::sig;
 use core::ffi::{c_int, c_uint};
 
-/// Ends legacy order because a stream is being created (not in a fork child, where the
-/// pool is not used, nor once the process exits).
+/// A stream is being created: the ids threads remember go stale (always), and legacy
+/// order ends (not in a fork child, where the pool is not used, nor once the process
+/// exits).
 fn stream_created(how: &str) {
     // Note [stream id cache]: before the real call, so that no thread can name the new
     // stream under an id remembered for the handle's previous stream.

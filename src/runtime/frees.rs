@@ -116,7 +116,10 @@ impl Runtime {
         let sid = if alloc_stream != STREAMLESS && alloc_handle == stream as u64 {
             crate::backend::StreamId(alloc_stream)
         } else {
-            match super::stream_ids::stream_id(self.backend, taken.pool().ctx.id, stream) {
+            // Asked of the driver, not of the stream id cache (Note [stream id cache]): a
+            // default handle names the stream of the current context, which need not be
+            // the block's.
+            match self.backend.stream_id(stream) {
                 Ok(sid) => sid,
                 Err(e) => {
                     // The stream cannot be identified: the program keeps the block.

@@ -10,8 +10,10 @@
 //! named, valid while no stream has been created since. The context is in the key because
 //! the default handles (NULL, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`) name a stream of
 //! each context, and the cache is per thread because `CU_STREAM_PER_THREAD` names one per
-//! thread. Contexts are the primary ones, which live until exit (as the backend's context
-//! table assumes).
+//! thread; the context is the current one, which is the pool's for an allocation (a free
+//! on a handle other than its block's asks the driver: the current context need not be
+//! the block's). Contexts are the primary ones, which live until exit (as the backend's
+//! context table assumes).
 //!
 //! Why it is safe: an entry is used only if no creation was counted between the count it
 //! was filled under and now. A thread that names a stream created after its entry was

@@ -47,6 +47,8 @@ def parse_args(argv):
                    help="also PyTorch's backend:cudaMallocAsync")
     p.add_argument("--no-expandable", action="store_true")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--workload-dir", default=HERE,
+                   help="where WORKLOAD.py lives (default: this folder)")
     p.add_argument("--deadline-s", type=float, default=540.0)
     p.add_argument("--proc-timeout-s", type=float, default=150.0)
     args = p.parse_args(argv)
@@ -103,9 +105,10 @@ def run(args, steps, modes):
                                     "status": "skipped (deadline)"})
                     continue
                 out_json = os.path.join(args.outdir, tag + ".json")
-                cmd = [sys.executable, os.path.join(HERE, name + ".py"),
-                       "--steps", str(steps[name]), "--seed", str(args.seed),
-                       "--mode", kind, "--out-json", out_json]
+                cmd = [sys.executable, os.path.join(args.workload_dir, name + ".py"),
+                       "--seed", str(args.seed), "--mode", kind, "--out-json", out_json]
+                if name in steps:
+                    cmd += ["--steps", str(steps[name])]
                 log = os.path.join(args.outdir, "logs", tag)
                 t0 = time.monotonic()
                 with open(log + ".out", "w") as o, open(log + ".err", "w") as e:

@@ -1,0 +1,91 @@
+"""gpu/workloads/rounds.py on a stand-in workload (no GPU, no PyTorch): the allocators take
+turns round after round, and the table gives each one's steps per round, their median, its
+ratio to native's, the largest device peak and whether the losses are native's."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import cupool
+from conftest import REPO
+
+ROUNDS = REPO / "gpu" / "workloads" / "rounds.py"
+
+# Its step time and peak depend on the mode, its losses and failure on CUPOOL_CONF, as a real
+# workload's would depend on the allocator; it writes the result JSON the harness writes.
+STAND_IN = textwrap.dedent(
+    """
+    import argparse, json, os
+    p = argparse.ArgumentParser()
+    for flag in ("--steps", "--seed"):
+        p.add_argument(flag, type=int)
+    p.add_argument("--mode")
+    p.add_argument("--out-json")
+    a = p.parse_args()
+    conf = os.environ.get("CUPOOL_CONF", "")
+    if conf == "fail:1":
+        raise SystemExit(3)
+    step = {"native": 10.0, "expandable": 9.0, "preload": 12.0}[a.mode]
+    peak = {"native": 4, "expandable": 3, "preload": 2}[a.mode] << 30
+    losses = [1.0, 0.6] if conf == "other_losses:1" else [1.0, 0.5]
+    with open(a.out_json, "w") as f:
+        json.dump({"status": "ok", "step_ms_median": step, "device_peak_bytes": peak,
+                   "loss_checksum": repr(losses), "cupool": None}, f)
+    """
+)
+
+
+def run_rounds(tmp_path, *args):
+    (tmp_path / "stand_in.py").write_text(STAND_IN)
+    out = tmp_path / "out"
+    lib = cupool.library_path()
+    done = subprocess.run(
+        [sys.executable, str(ROUNDS), str(out), "--workload-dir", str(tmp_path),
+         "--workloads", "stand_in", "--rounds", "2",
+         "--preload", f"same={lib}@same_losses:1",
+         "--preload", f"differs={lib}@other_losses:1",
+         "--preload", f"fails={lib}@fail:1", *args],
+        capture_output=True, text=True, timeout=120,
+    )
+    return done, out
+
+
+def row(table, label):
+    return next(line for line in table.splitlines() if line.split()[:1] == [label])
+
+
+def test_rounds_table(tmp_path):
+    done, out = run_rounds(tmp_path)
+    assert done.returncode == 1, "a failed run makes the exit status 1"
+    table = (out / "table.txt").read_text()
+    assert row(table, "native").split("|")[1:] == [" 10.0 ", " 1.00x ", " 4.00 ", " yes"]
+    assert "0.90x" in row(table, "expandable")
+    same = row(table, "same")
+    assert same.startswith("  same         12.0 / 12.0 |")
+    assert same.split("|")[1:] == [" 12.0 ", " 1.20x ", " 2.00 ", " yes"]
+    assert row(table, "differs").endswith("| NO")
+    assert "no result" in row(table, "fails")
+    results = json.loads((out / "rounds.json").read_text())["results"]
+    # Round after round, each allocator once per round, in the same order.
+    order = [(r["round"], r["label"]) for r in results]
+    labels = ["native", "expandable", "same", "differs", "fails"]
+    assert order == [(n, label) for n in (1, 2) for label in labels]
+    assert [r["rc"] for r in results if r["label"] == "fails"] == [3, 3]
+
+
+def test_no_run_starts_after_the_deadline(tmp_path):
+    done, out = run_rounds(tmp_path, "--deadline-s", "0")
+    assert done.returncode == 1
+    results = json.loads((out / "rounds.json").read_text())["results"]
+    assert results and all(r["status"] == "skipped (deadline)" for r in results)
+
+
+def test_a_missing_library_is_a_usage_error(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROUNDS), str(tmp_path / "out"), "--preload",
+         f"x={tmp_path / 'nope.so'}"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2
+    assert "no such library" in done.stderr

@@ -9,30 +9,42 @@
 
 mod host_pool;
 
+use cupool::backend::host::HostBackend;
 use cupool::backend::StreamHandle;
-use cupool::runtime::stream_ids;
+use cupool::runtime::{stream_ids, Runtime};
 use host_pool::setup_held;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 /// A creation reported by one test makes every thread's ids stale: the tests take turns.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-#[test]
-fn a_handle_that_names_a_new_stream_does_not_get_the_old_streams_blocks() {
-    // Fences complete only when the test says so: a block freed on the old stream may
-    // still be in use there, and only its own stream may take it at once.
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+/// A pool of the test's own whose fences complete only when the test says so (a block
+/// freed on a stream may still be in use there, and only its own stream may take it at
+/// once), with stream creations reported; held while the guard lives.
+fn reporting_pool() -> (
+    MutexGuard<'static, ()>,
+    &'static Runtime,
+    &'static HostBackend,
+) {
+    let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, host, _ctx) = setup_held();
     stream_ids::creations_seen_by_caller();
-    let s: StreamHandle = 0x7100;
+    (turn, rt, host)
+}
+
+/// A 4 KiB block allocated and freed on `s`.
+fn freed_on(rt: &Runtime, s: StreamHandle) -> u64 {
     let p = rt.alloc_async(4096, s).unwrap();
     rt.free_async(p, s).unwrap();
-    assert_eq!(
-        rt.alloc_async(4096, s).unwrap(),
-        p,
-        "same stream: reused at once"
-    );
-    rt.free_async(p, s).unwrap();
+    p
+}
+
+#[test]
+fn a_handle_that_names_a_new_stream_does_not_get_the_old_streams_blocks() {
+    let (_turn, rt, host) = reporting_pool();
+    let s: StreamHandle = 0x7100;
+    let p = freed_on(rt, s);
+    assert_eq!(freed_on(rt, s), p, "same stream: reused at once");
     // The program destroys the stream and creates another, which gets the same handle.
     host.destroy_stream(s);
     stream_ids::stream_created();
@@ -46,20 +58,12 @@ fn a_handle_that_names_a_new_stream_does_not_get_the_old_streams_blocks() {
 
 #[test]
 fn an_id_is_remembered_until_a_stream_is_created() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, _ctx) = setup_held();
-    stream_ids::creations_seen_by_caller();
+    let (_turn, rt, host) = reporting_pool();
     let s: StreamHandle = 0x7200;
-    let p = rt.alloc_async(4096, s).unwrap();
-    rt.free_async(p, s).unwrap();
+    let p = freed_on(rt, s);
     // The backend would now give the handle a new id, but no creation was reported, so
     // the handle still names its stream: the id is not asked for again, and the block
     // freed on it is taken at once. (A driver never renames a handle without a creation.)
     host.destroy_stream(s);
-    assert_eq!(
-        rt.alloc_async(4096, s).unwrap(),
-        p,
-        "the id was asked for again"
-    );
-    rt.free_async(p, s).unwrap();
+    assert_eq!(freed_on(rt, s), p, "the id was asked for again");
 }

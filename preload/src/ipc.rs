@@ -222,8 +222,8 @@ fn lookup(t: &Tagged) -> Option<Record> {
 }
 
 /// Removes this process's registry (at exit, asked for when the registry is made; no CUDA
-/// call). Importers that have not opened
-/// their handles yet can no longer: the exporter is gone, so its memory is too.
+/// call). Importers that have not opened their handles yet can no longer: the exporter is
+/// gone, so its memory is too.
 fn remove_registry() {
     // SAFETY: plain libc calls.
     let (pid, uid) = unsafe { (libc::getpid() as u32, libc::getuid()) };

@@ -19,8 +19,7 @@
 //!   failure but out-of-memory: the real call, so the driver's own result.
 
 use crate::cuda::*;
-use crate::guard::cuda_call;
-use crate::guard::enter_pool;
+use crate::guard::{cuda_call, enter_pool};
 use crate::lifecycle;
 use crate::real;
 use crate::slots::sig;

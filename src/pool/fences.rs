@@ -288,10 +288,7 @@ impl DevicePool {
             let sh = self.shared.lock();
             let streamless = sh.fence_queue.bytes;
             let on_streams: u64 = sh.streams.iter().map(|st| st.age.bytes).sum();
-            // In the arena (`arena_active`, read under the lock already held).
-            let in_arena = req.kind == SegmentKind::Large
-                && self.vmm.load(Ordering::Relaxed)
-                && sh.arena.is_some();
+            let in_arena = req.kind == SegmentKind::Large && self.arena_active_in(&sh);
             (
                 streamless + on_streams,
                 in_arena && 2 * streamless >= req.size,

@@ -22,7 +22,7 @@
 //! unpinned granules of mapped chunks, counted per chunk.
 
 use super::counters::Level;
-use super::pool_stats::{segment_size, FreeTally};
+use super::pool_stats::FreeTally;
 use super::{thread_cache, DevicePool};
 
 /// Where the reserved bytes of one pool are (Note [footprint]); every field is bytes.
@@ -88,15 +88,11 @@ impl DevicePool {
         // SAFETY: pool lock held.
         let tally = unsafe { FreeTally::of_shared_index(&sh) };
         f.arena_hole_ends = tally.arena_mapped;
-        for (base, free) in tally.of_segment {
-            // SAFETY: pool lock held; `base` is a segment of this pool.
-            if free >= unsafe { segment_size(&sh, base) } {
-                f.segments_free += free;
-                f.segments_free_count += 1;
-            } else {
-                f.segments_partly_free += free;
-            }
-        }
+        // SAFETY: pool lock held, the tally made under it.
+        let segments = unsafe { tally.segments(&sh) };
+        f.segments_partly_free = segments.partly_free;
+        f.segments_free = segments.wholly_free;
+        f.segments_free_count = segments.wholly_free_count;
         f.other = f.reserved.saturating_sub(f.accounted());
         f
     }

@@ -415,7 +415,12 @@ impl DevicePool {
 
     /// Whether large blocks come from the VMM arena now.
     fn arena_active(&self) -> bool {
-        self.vmm.load(Ordering::Relaxed) && self.shared.lock().arena.is_some()
+        self.arena_active_in(&self.shared.lock())
+    }
+
+    /// [`DevicePool::arena_active`] for a caller that holds the pool lock (`sh`).
+    fn arena_active_in(&self, sh: &Shared) -> bool {
+        self.vmm.load(Ordering::Relaxed) && sh.arena.is_some()
     }
 
     /// Whether fences, syncs and releases may be issued now.

@@ -94,14 +94,8 @@ impl DevicePool {
                 }
             }
         }
-        let inactive_split = tally
-            .of_segment
-            .iter()
-            // SAFETY: pool lock held.
-            .filter(|&(&base, &free)| free < unsafe { segment_size(sh, base) })
-            .map(|(_, &free)| free)
-            .sum::<u64>()
-            + tally.arena_mapped;
+        // SAFETY: pool lock held.
+        let inactive_split = unsafe { tally.segments(sh) }.partly_free + tally.arena_mapped;
         let (mapped_now, arena_peak, granules) = sh.arena.as_ref().map_or((0, 0, 0), |a| {
             (a.mapped * a.granule, a.mapped_peak * a.granule, a.mapped)
         });
@@ -190,12 +184,42 @@ impl FreeTally {
     }
 }
 
+/// Free bytes of segments, split by whether the segment also holds blocks not free.
+#[derive(Default)]
+pub(super) struct SegmentsFree {
+    /// In segments that also hold blocks not free (only a merge makes them releasable).
+    pub(super) partly_free: u64,
+    /// In segments that are one free block, and how many those are.
+    pub(super) wholly_free: u64,
+    pub(super) wholly_free_count: u64,
+}
+
+impl FreeTally {
+    /// The tallied segments' free bytes, split by [`SegmentsFree`].
+    ///
+    /// # Safety
+    /// Pool lock held (`sh` is the locked state the tally was made under).
+    pub(super) unsafe fn segments(&self, sh: &Shared) -> SegmentsFree {
+        let mut split = SegmentsFree::default();
+        for (&base, &free) in &self.of_segment {
+            // SAFETY: the caller's contract; `base` is a segment of this pool.
+            if free >= unsafe { segment_size(sh, base) } {
+                split.wholly_free += free;
+                split.wholly_free_count += 1;
+            } else {
+                split.partly_free += free;
+            }
+        }
+        split
+    }
+}
+
 /// The size of the segment at `base`.
 ///
 /// # Safety
 /// Pool lock held; `base` is one of its segments (whose head record is read only for this
 /// field, which no other thread writes while the segment exists).
-pub(super) unsafe fn segment_size(sh: &Shared, base: u64) -> u64 {
+unsafe fn segment_size(sh: &Shared, base: u64) -> u64 {
     // SAFETY: the caller's contract.
     unsafe { BLOCKS.get(sh.segments[&base]).data().segment_size }
 }

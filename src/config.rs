@@ -147,6 +147,7 @@ pub enum Key {
     Vmm,
     VmmChunk,
     VmmChunkSplit,
+    VmmChunkDivisor,
     LegacyOrder,
     HostAutoComplete,
     Verbose,
@@ -157,7 +158,7 @@ pub const VMM_MODES: &[&str] = &["off", "on"];
 /// Values of `legacy_order`, by index.
 pub const LEGACY_ORDER_MODES: &[&str] = &["off", "on"];
 
-pub static OPTIONS: [OptionDesc; 19] = [
+pub static OPTIONS: [OptionDesc; 20] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -268,6 +269,13 @@ pub static OPTIONS: [OptionDesc; 19] = [
         default: "0",
         kind: ValueKind::Count,
         doc: "With `vmm:on`: new physical memory for a run of N unmapped granules is created in pieces of up to N / this many granules when that is more than `vmm_chunk`, so a huge block's memory moves later in a few large pieces (fewer driver calls) while small blocks still get `vmm_chunk` pieces. 0 keeps every piece at `vmm_chunk` (docs/BENCHMARKS.md).",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "vmm_chunk_divisor",
+        default: "128",
+        kind: ValueKind::Count,
+        doc: "With `vmm:on`: new physical memory is created in pieces of at most the pool's reserved bytes / this many (at least one granule, at most `vmm_chunk`), so a pool that is still small grows in small pieces, and a piece that a block later covers only in part strands less free memory beside it; the small pieces merge as they move once the pool has grown (Note [merged chunks]). 0: every piece may be `vmm_chunk`. The default, 128, keeps 8 MiB pieces from 1 GiB up; below that it raised the host replays' utilization on 10 of 12 corpus traces and lowered the device peak of a 0.5 GiB program on an H100, at about 10% more time in the driver's VMM calls for programs of several GiB (docs/BENCHMARKS.md).",
         runtime: true,
     },
     OptionDesc {

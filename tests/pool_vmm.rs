@@ -41,6 +41,12 @@ fn holds(p: u64, n: u64, v: u8) -> bool {
     s.iter().all(|&b| b == v)
 }
 
+/// Sets option `key` back to its default.
+fn set_default(key: &str) {
+    let o = cupool::config::OPTIONS.iter().find(|o| o.key == key);
+    cupool::config::set(key, o.expect("a known option").default).unwrap();
+}
+
 /// Empties the cache and checks that the host backend holds no VMM object any more.
 fn empty_and_check_nothing_left(
     rt: &Runtime,
@@ -394,6 +400,8 @@ fn stats_report_the_arena_mapping() {
 fn the_footprint_accounts_for_every_reserved_byte() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, host, ctx) = vmm_setup(true);
+    // Chunks of `vmm_chunk` (8 MiB) from the start, for the layout above.
+    cupool::config::set("vmm_chunk_divisor", "0").unwrap();
     let a = rt.alloc(3 * MIB as usize).unwrap();
     let b = rt.alloc((3 * MIB + MIB / 2) as usize).unwrap();
     let c = rt.alloc(3 * MIB as usize).unwrap();
@@ -440,6 +448,7 @@ fn the_footprint_accounts_for_every_reserved_byte() {
     rt.free(c).unwrap();
     empty_and_check_nothing_left(rt, host, ctx);
     assert_eq!(pool.footprint(), cupool::pool::Footprint::default());
+    set_default("vmm_chunk_divisor");
     cupool::config::set("vmm", "off").unwrap();
 }
 
@@ -565,4 +574,71 @@ fn snapshots_show_the_arena_as_its_mapped_runs() {
         .unwrap()
         .iter()
         .all(|s| !s.arena));
+}
+
+/// Note [chunks], Note [merged chunks]: with `vmm_chunk_divisor`, a pool that is still
+/// small creates one-granule chunks; when a later block takes them, they are made again as
+/// chunks of the size the grown pool allows, holding the same memory. A creation that fails
+/// in the middle of a merge leaves the pool consistent and nothing behind.
+#[test]
+fn chunks_made_while_the_pool_was_small_are_merged_as_they_move() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    set_default("vmm_chunk");
+    cupool::config::set("vmm_chunk_divisor", "2").unwrap();
+    // An empty pool: chunks of one granule (reserved / 2 rounds down to less than one).
+    let a = rt.alloc(4 * G as usize).unwrap();
+    let pool = rt.context_pool(ctx).unwrap();
+    let v = pool.vmm_stats();
+    assert_eq!(v.held_chunks, 4, "four one-granule chunks");
+    // A block right after it pins the next granule, so the next request cannot grow `a`'s
+    // place and takes its memory instead.
+    let pin = rt.alloc((MIB + MIB / 2) as usize).unwrap();
+    fill(pin, MIB + MIB / 2, 7);
+    rt.free(a).unwrap();
+    host.complete_all(ctx.id);
+    let releases_before = host.counters().vmm_releases;
+    let reserved_before = rt.context_stats(ctx).unwrap().reserved_bytes.current;
+    let b = rt.alloc(6 * G as usize).unwrap();
+    fill(b, 6 * G, 3);
+    let c = host.counters();
+    assert!(
+        c.vmm_releases >= releases_before + 2,
+        "one-granule chunks were released to be merged ({} -> {})",
+        releases_before,
+        c.vmm_releases
+    );
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(
+        s.reserved_bytes.current,
+        reserved_before + 2 * G,
+        "the four granules moved; only the two missing ones were new"
+    );
+    let v = pool.vmm_stats();
+    assert!(
+        v.held_chunks < 4 + 1 + 2,
+        "fewer chunks than one per moved granule: {v:?}"
+    );
+    pool.check_invariants().unwrap();
+    assert!(holds(pin, MIB + MIB / 2, 7));
+    // The same move with the merge's creation failing: an error or another placement,
+    // never a broken pool or a leak.
+    rt.free(b).unwrap();
+    host.complete_all(ctx.id);
+    host.fail_next_create(BackendError::OutOfMemory);
+    match rt.alloc(9 * G as usize) {
+        Ok(p) => {
+            fill(p, 9 * G, 5);
+            assert!(holds(p, 9 * G, 5));
+            rt.free(p).unwrap();
+        }
+        Err(e) => assert_eq!(e, CupoolStatus::CupoolErrorOutOfMemory),
+    }
+    host.clear_faults();
+    pool.check_invariants().unwrap();
+    assert!(holds(pin, MIB + MIB / 2, 7));
+    rt.free(pin).unwrap();
+    empty_and_check_nothing_left(rt, host, ctx);
+    set_default("vmm_chunk_divisor");
+    cupool::config::set("vmm", "off").unwrap();
 }

@@ -1,11 +1,12 @@
 //! The VMM arena's driver side (`vmm:on`): reserving the arena, backing blocks with
 //! physical memory, releasing it, and granting peers access. The bookkeeping, and the
-//! notes on how the arena works, are in `arena.rs` (Note [vmm arena], Note [chunks]).
+//! notes on how the arena works, are in `arena/mod.rs` (Note [vmm arena], Note [chunks]);
+//! the driver calls of each planned step in `vmm/steps.rs`.
 //!
 //! Mapping and unmapping happen with the pool's `events` mutex held (the lock held across
 //! backend calls), never the spin lock, and never while a capture is active.
 
-use super::arena::{Arena, Step, Taken, ARENA_MIN, ARENA_PER_DEVICE_BYTE};
+use super::arena::{Arena, Step, ARENA_MIN, ARENA_PER_DEVICE_BYTE};
 use super::block::{BlockData, BlockIdx, Place, SegmentKind};
 use super::counters::{Level, ThreadCounters};
 use super::size_class::ALIGNMENT;
@@ -13,103 +14,10 @@ use super::{address_map, DevicePool, Request, ADDRESSES, BACKEND_OFF, BLOCKS};
 use crate::backend::BackendError;
 use crate::config::{self, Key};
 use crate::status::{CupoolStatus, Result};
-use crate::trace::record::segment as trace_driver;
-use crate::trace::DriverAction;
 use core::sync::atomic::Ordering;
+use steps::{chunk_limit, restore, timed, ChunkRef, Outcome, RELEASE};
 
-/// A chunk in an [`Outcome`]: one the arena's books know, or memory just created (which
-/// [`Outcome::apply`] gives a record).
-#[derive(Copy, Clone)]
-enum ChunkRef {
-    Known(u32),
-    New { handle: u64, granules: u32 },
-}
-
-impl ChunkRef {
-    fn id_in(self, a: &mut Arena) -> u32 {
-        match self {
-            ChunkRef::Known(id) => id,
-            ChunkRef::New { handle, granules } => a.new_chunk(handle, granules),
-        }
-    }
-}
-
-/// What the driver calls of one map or release did, applied to the arena's books in one
-/// go under the pool lock.
-#[derive(Default)]
-struct Outcome {
-    /// Chunks mapped now, with their first granule.
-    mapped: Vec<(ChunkRef, usize)>,
-    /// Chunks held and mapped nowhere.
-    idle: Vec<ChunkRef>,
-    /// Taken chunks no call changed: back where they were.
-    untouched: Vec<Taken>,
-    /// Chunks whose memory was released.
-    dropped: Vec<u32>,
-    /// Granules created and released, and the calls that took.
-    created: u64,
-    creates: u64,
-    released: u64,
-    releases: u64,
-    map_calls: u64,
-    unmap_calls: u64,
-    unmapped: u64,
-    /// Time in the calls, as `Arena::call_ns`.
-    call_ns: [u64; 4],
-}
-
-/// Indices of `Arena::call_ns`.
-const CREATE: usize = 0;
-const MAP: usize = 1;
-const UNMAP: usize = 2;
-const RELEASE: usize = 3;
-
-/// Runs one driver call, adding its time to `out.call_ns[kind]`.
-fn timed<T>(out: &mut Outcome, kind: usize, call: impl FnOnce() -> T) -> T {
-    let start = std::time::Instant::now();
-    let r = call();
-    out.call_ns[kind] += start.elapsed().as_nanos() as u64;
-    r
-}
-
-impl Outcome {
-    fn note_created(&mut self, granules: u32) {
-        self.created += granules as u64;
-        self.creates += 1;
-    }
-
-    fn apply(self, a: &mut Arena) {
-        for (chunk, at) in self.mapped {
-            let id = chunk.id_in(a);
-            a.maps += a.chunk_len(id) as u64;
-            a.record_mapped(id, at);
-        }
-        for chunk in self.idle {
-            let id = chunk.id_in(a);
-            a.record_idle(id);
-        }
-        for t in self.untouched {
-            restore(a, t);
-        }
-        for id in self.dropped {
-            a.drop_chunk(id);
-        }
-        a.map_calls += self.map_calls;
-        a.unmap_calls += self.unmap_calls;
-        a.unmaps += self.unmapped;
-        for (total, ns) in a.call_ns.iter_mut().zip(self.call_ns) {
-            *total += ns;
-        }
-    }
-}
-
-/// Puts a taken chunk back where it was.
-fn restore(a: &mut Arena, t: Taken) {
-    match t.was_at {
-        Some(at) => a.record_mapped(t.id, at),
-        None => a.record_idle(t.id),
-    }
-}
+mod steps;
 
 impl DevicePool {
     /// Reserves the arena if the pool has none; on a backend without virtual memory
@@ -240,7 +148,10 @@ impl DevicePool {
             }
             let allowed = create;
             // Note [chunks]: the `vmm_chunk` option, in granules.
-            let max_chunk = (config::get(Key::VmmChunk) / g).clamp(1, u32::MAX as u64) as u32;
+            let max_chunk = (chunk_limit(reserved) / g).clamp(1, u32::MAX as u64) as u32;
+            // Note [merged chunks]: with chunks sized by the pool, the small ones made
+            // while it was small are merged as they move.
+            let merge = config::get(Key::VmmChunkDivisor) != 0;
             let split = config::get(Key::VmmChunkSplit) as usize;
             let mut steps = Vec::new();
             for run in todo.chunk_by(|x, y| *x + 1 == *y) {
@@ -248,12 +159,15 @@ impl DevicePool {
                     0 => max_chunk,
                     k => max_chunk.max((run.len() / k).min(u32::MAX as usize) as u32),
                 };
-                match a.plan_run(run[0], run.len(), &mut create, piece) {
+                match a.plan_run(run[0], run.len(), &mut create, piece, merge) {
                     Some(s) => steps.extend(s),
                     None => {
                         // Give back what earlier runs took; nothing was called yet.
                         for step in steps {
-                            if let Step::Map { chunk, .. } | Step::Recut { chunk, .. } = step {
+                            if let Step::Map { chunk, .. }
+                            | Step::Recut { chunk, .. }
+                            | Step::Drop { chunk } = step
+                            {
                                 restore(a, chunk);
                             }
                         }
@@ -272,7 +186,9 @@ impl DevicePool {
         for step in steps {
             if failed.is_some() {
                 // Not started: chunks go back where they were, or idle once unmapped.
-                if let Step::Map { chunk, .. } | Step::Recut { chunk, .. } = step {
+                if let Step::Map { chunk, .. } | Step::Recut { chunk, .. } | Step::Drop { chunk } =
+                    step
+                {
                     outcome.untouched.push(chunk);
                 }
                 continue;
@@ -304,136 +220,6 @@ impl DevicePool {
             Some(e) => {
                 crate::log::info(&format!("cupool: mapping arena memory failed: {e:?}"));
                 Err(e.into())
-            }
-        }
-    }
-
-    /// Makes the driver calls of one planned step, noting what became of each chunk.
-    fn run_step(
-        &self,
-        step: Step,
-        base: u64,
-        g: u64,
-        out: &mut Outcome,
-    ) -> core::result::Result<(), BackendError> {
-        let ctx = self.ctx.id;
-        let addr = |gr: usize| base + gr as u64 * g;
-        match step {
-            Step::Map { chunk, at } => {
-                let chunk = self.unmap_taken(chunk, base, g, out)?;
-                let bytes = chunk.len as u64 * g;
-                match timed(out, MAP, || {
-                    self.backend
-                        .map_physical(ctx, addr(at), bytes, chunk.handle)
-                }) {
-                    Ok(()) => {
-                        out.map_calls += 1;
-                        trace_driver(DriverAction::Map, addr(at), bytes, self.ctx.device);
-                        out.mapped.push((ChunkRef::Known(chunk.id), at));
-                        Ok(())
-                    }
-                    Err(e) => {
-                        out.idle.push(ChunkRef::Known(chunk.id));
-                        Err(e)
-                    }
-                }
-            }
-            Step::Recut { chunk, len, at } => {
-                let chunk = self.unmap_taken(chunk, base, g, out)?;
-                if let Err(e) = timed(out, RELEASE, || {
-                    self.backend.release_physical(ctx, chunk.handle)
-                }) {
-                    out.idle.push(ChunkRef::Known(chunk.id));
-                    return Err(e);
-                }
-                out.releases += 1;
-                out.released += chunk.len as u64;
-                out.dropped.push(chunk.id);
-                // The rest first: if the driver has less than before (another process
-                // took it meanwhile), the run fails rather than the memory held shrinking.
-                let rest = chunk.len - len;
-                let rest_handle = timed(out, CREATE, || {
-                    self.backend.create_physical(ctx, rest as u64 * g)
-                })?;
-                out.note_created(rest);
-                out.idle.push(ChunkRef::New {
-                    handle: rest_handle,
-                    granules: rest,
-                });
-                self.create_and_map(len, at, base, g, out)
-            }
-            Step::Create { len, at } => self.create_and_map(len, at, base, g, out),
-        }
-    }
-
-    fn create_and_map(
-        &self,
-        len: u32,
-        at: usize,
-        base: u64,
-        g: u64,
-        out: &mut Outcome,
-    ) -> core::result::Result<(), BackendError> {
-        let ctx = self.ctx.id;
-        let bytes = len as u64 * g;
-        let handle = timed(out, CREATE, || self.backend.create_physical(ctx, bytes))?;
-        out.note_created(len);
-        let ptr = base + at as u64 * g;
-        match timed(out, MAP, || {
-            self.backend.map_physical(ctx, ptr, bytes, handle)
-        }) {
-            Ok(()) => {
-                out.map_calls += 1;
-                trace_driver(DriverAction::Map, ptr, bytes, self.ctx.device);
-                out.mapped.push((
-                    ChunkRef::New {
-                        handle,
-                        granules: len,
-                    },
-                    at,
-                ));
-                Ok(())
-            }
-            Err(e) => {
-                out.idle.push(ChunkRef::New {
-                    handle,
-                    granules: len,
-                });
-                Err(e)
-            }
-        }
-    }
-
-    /// Unmaps a stolen chunk (an idle one passes through). A chunk that will not unmap
-    /// stays mapped where it was.
-    fn unmap_taken(
-        &self,
-        chunk: Taken,
-        base: u64,
-        g: u64,
-        out: &mut Outcome,
-    ) -> core::result::Result<Taken, BackendError> {
-        let Some(was) = chunk.was_at else {
-            return Ok(chunk);
-        };
-        let at = base + was as u64 * g;
-        let bytes = chunk.len as u64 * g;
-        match timed(out, UNMAP, || {
-            self.backend.unmap_physical(self.ctx.id, at, bytes)
-        }) {
-            Ok(()) => {
-                out.unmap_calls += 1;
-                trace_driver(DriverAction::Unmap, at, bytes, self.ctx.device);
-                out.unmapped += chunk.len as u64;
-                Ok(Taken {
-                    was_at: None,
-                    ..chunk
-                })
-            }
-            Err(e) => {
-                crate::log::warn(&format!("cupool: unmapping arena memory failed: {e:?}"));
-                out.untouched.push(chunk);
-                Err(e)
             }
         }
     }

@@ -62,6 +62,7 @@ impl Arena {
         len: usize,
         create: &mut u64,
         max_chunk: u32,
+        merge: bool,
     ) -> Option<Vec<Step>> {
         let mut steps = Vec::new();
         let mut pos = at;
@@ -103,10 +104,62 @@ impl Arena {
             pos += match step {
                 Step::Map { chunk, .. } => chunk.len as usize,
                 Step::Recut { len, .. } | Step::Create { len, .. } => len as usize,
+                Step::Drop { .. } => unreachable!("drops are planned after the run"),
             };
             steps.push(step);
         }
+        if merge {
+            steps = Self::merge_small(steps, max_chunk);
+        }
         Some(steps)
+    }
+
+    /// Note [merged chunks]: chunks smaller than `max_chunk` that a run would map side by
+    /// side are released and made again as one chunk of up to `max_chunk` granules. The
+    /// memory held does not change. On an H100 (docs/BENCHMARKS.md, `gpu/vmm_cost.cu`) a
+    /// release costs ~13 µs and a creation ~14 µs against ~28 µs to map and ~18 µs to unmap
+    /// a handle, whatever its size, so merging k chunks costs about as much as mapping them
+    /// one by one, and every later move of those granules takes one map and one unmap
+    /// instead of k of each. Without it, the one-granule chunks a pool makes while it is
+    /// small (`vmm_chunk_divisor`) would keep its moves at one call per granule for good.
+    fn merge_small(steps: Vec<Step>, max_chunk: u32) -> Vec<Step> {
+        let mut out = Vec::with_capacity(steps.len());
+        let mut group: Vec<Taken> = Vec::new();
+        let mut group_at = 0;
+        let mut group_len = 0u32;
+        let flush = |out: &mut Vec<Step>, group: &mut Vec<Taken>, at: usize, len: u32| {
+            match group.len() {
+                0 => {}
+                1 => out.push(Step::Map {
+                    chunk: group[0],
+                    at,
+                }),
+                _ => {
+                    out.extend(group.iter().map(|&chunk| Step::Drop { chunk }));
+                    out.push(Step::Create { len, at });
+                }
+            }
+            group.clear();
+        };
+        for step in steps {
+            match step {
+                Step::Map { chunk, at } if chunk.len < max_chunk => {
+                    if group.is_empty() || group_len + chunk.len > max_chunk {
+                        flush(&mut out, &mut group, group_at, group_len);
+                        group_at = at;
+                        group_len = 0;
+                    }
+                    group.push(chunk);
+                    group_len += chunk.len;
+                }
+                other => {
+                    flush(&mut out, &mut group, group_at, group_len);
+                    out.push(other);
+                }
+            }
+        }
+        flush(&mut out, &mut group, group_at, group_len);
+        out
     }
 
     /// Records a chunk (taken, or new with `id` from [`Arena::new_chunk`]) as mapped at `at`.

@@ -33,6 +33,12 @@
 //!   part needed plus the rest, which stays idle: the memory held does not change), else
 //!   new memory within the limit. So the footprint follows the live bytes, not the history
 //!   of sizes, and the number of driver calls follows the number of runs, not granules.
+//! - new chunks are at most `vmm_chunk`, and at most the pool's reserved bytes /
+//!   `vmm_chunk_divisor`: a chunk that a block covers only in part keeps its other granules
+//!   mapped beside it (free but stuck), and in a pool of a few hundred MiB an 8 MiB chunk
+//!   strands a larger share of it than in a pool of many GiB. The small chunks made while
+//!   the pool was small are merged as they move (Note [merged chunks] in `chunks.rs`), so
+//!   a grown pool's memory moves in chunks of the grown size.
 //!
 //! Note [exported chunks]: a block exported through CUDA IPC is mapped by its importer from
 //! the chunks under it, which the importer reaches through their file descriptors (Note
@@ -100,6 +106,9 @@ pub enum Step {
     Recut { chunk: Taken, len: u32, at: usize },
     /// Create `len` granules of new memory and map them at `at`.
     Create { len: u32, at: usize },
+    /// Release `chunk` (unmapping it first when stolen): the `Create` that follows its
+    /// group makes the same granules again as one chunk (Note [merged chunks]).
+    Drop { chunk: Taken },
 }
 
 pub struct Arena {

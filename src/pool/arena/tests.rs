@@ -27,13 +27,13 @@ fn a_chunk_is_stealable_only_when_no_granule_is_pinned() {
     a.unpin(a.base, 5 << 20);
     let mut create = 0;
     assert_eq!(
-        a.plan_run(10, 3, &mut create, 4),
+        a.plan_run(10, 3, &mut create, 4, false),
         None,
         "granule 2 is still pinned"
     );
     a.unpin(a.base + (5 << 20), 1 << 20);
     let steps = a
-        .plan_run(10, 3, &mut create, 4)
+        .plan_run(10, 3, &mut create, 4, false)
         .expect("the chunk is free now");
     assert_eq!(steps.len(), 1);
     let Step::Map { chunk, at: 10 } = steps[0] else {
@@ -56,7 +56,7 @@ fn runs_take_idle_then_stolen_then_recut_then_new_memory() {
     map_new(&mut a, 0, 4, 8); // stealable: nothing pinned
                               // 3 granules: the idle pair, then the 4-granule chunk is too big: re-cut to 1.
     let mut create = 0;
-    let steps = a.plan_run(20, 3, &mut create, 4).unwrap();
+    let steps = a.plan_run(20, 3, &mut create, 4, false).unwrap();
     assert!(matches!(steps[0], Step::Map { chunk, at: 20 } if chunk.id == idle));
     assert!(
         matches!(steps[1], Step::Recut { chunk, len: 1, at: 22 } if chunk.was_at == Some(0)),
@@ -67,13 +67,13 @@ fn runs_take_idle_then_stolen_then_recut_then_new_memory() {
     // `create`.
     let mut create = 5;
     assert_eq!(
-        a.plan_run(30, 6, &mut create, 4),
+        a.plan_run(30, 6, &mut create, 4, false),
         None,
         "over what may be created"
     );
     assert_eq!(create, 5, "nothing planned on failure");
     let mut create = 6;
-    let steps = a.plan_run(30, 6, &mut create, 4).unwrap();
+    let steps = a.plan_run(30, 6, &mut create, 4, false).unwrap();
     assert_eq!(
         steps,
         vec![
@@ -82,6 +82,45 @@ fn runs_take_idle_then_stolen_then_recut_then_new_memory() {
         ]
     );
     assert_eq!(create, 0);
+}
+
+#[test]
+fn small_chunks_mapped_side_by_side_are_merged_up_to_the_chunk_size() {
+    let plan = |merge: bool| {
+        let mut a = arena();
+        let idle = a.new_chunk(1, 1);
+        a.record_idle(idle);
+        for g in 0..4 {
+            map_new(&mut a, g, 1, 2 + g as u64); // stealable one-granule chunks
+        }
+        map_new(&mut a, 8, 4, 9); // a full-size chunk: never merged
+        let mut create = 0;
+        let steps = a.plan_run(20, 9, &mut create, 4, merge).unwrap();
+        assert_eq!(create, 0, "merging creates no memory the pool did not hold");
+        steps
+    };
+    let plain = plan(false);
+    assert_eq!(plain.len(), 6, "one map per chunk: {plain:?}");
+    let merged = plan(true);
+    let kinds: Vec<&str> = merged
+        .iter()
+        .map(|s| match s {
+            Step::Map { .. } => "map",
+            Step::Drop { .. } => "drop",
+            Step::Create { .. } => "create",
+            Step::Recut { .. } => "recut",
+        })
+        .collect();
+    // The idle granule first (its neighbour in the run is the full-size chunk, so it has
+    // no partner), then the full-size chunk as it is, then the four stolen one-granule
+    // chunks made again as one chunk of four granules at 25.
+    assert_eq!(
+        kinds,
+        ["map", "map", "drop", "drop", "drop", "drop", "create"],
+        "{merged:?}"
+    );
+    assert!(matches!(merged[1], Step::Map { chunk, at: 21 } if chunk.len == 4));
+    assert_eq!(merged[6], Step::Create { len: 4, at: 25 });
 }
 
 #[test]

@@ -15,7 +15,7 @@ use crate::backend::BackendError;
 use crate::config::{self, Key};
 use crate::status::{CupoolStatus, Result};
 use core::sync::atomic::Ordering;
-use steps::{chunk_limit, restore, timed, ChunkRef, Outcome, RELEASE};
+use steps::{chunk_limit, restore, Outcome};
 
 mod steps;
 
@@ -246,22 +246,9 @@ impl DevicePool {
         };
         let mut out = Outcome::default();
         for chunk in taken {
-            let Ok(chunk) = self.unmap_taken(chunk, base, g, &mut out) else {
-                continue;
-            };
-            match timed(&mut out, RELEASE, || {
-                self.backend.release_physical(ctx, chunk.handle)
-            }) {
-                Ok(()) => {
-                    out.releases += 1;
-                    out.released += chunk.len as u64;
-                    out.dropped.push(chunk.id);
-                }
-                Err(e) => {
-                    // Never seen from CUDA; the memory stays in the pool's books.
-                    crate::log::warn(&format!("cupool: releasing arena memory failed: {e:?}"));
-                    out.idle.push(ChunkRef::Known(chunk.id));
-                }
+            if let Err(e) = self.release_taken(chunk, base, g, &mut out) {
+                // Never seen from CUDA; the memory stays in the pool's books.
+                crate::log::warn(&format!("cupool: releasing arena memory failed: {e:?}"));
             }
         }
         let released = out.released * g;

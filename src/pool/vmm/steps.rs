@@ -12,7 +12,7 @@ use crate::trace::DriverAction;
 /// A chunk in an [`Outcome`]: one the arena's books know, or memory just created (which
 /// [`Outcome::apply`] gives a record).
 #[derive(Copy, Clone)]
-pub(super) enum ChunkRef {
+enum ChunkRef {
     Known(u32),
     New { handle: u64, granules: u32 },
 }
@@ -31,30 +31,30 @@ impl ChunkRef {
 #[derive(Default)]
 pub(super) struct Outcome {
     /// Chunks mapped now, with their first granule.
-    pub(super) mapped: Vec<(ChunkRef, usize)>,
+    mapped: Vec<(ChunkRef, usize)>,
     /// Chunks held and mapped nowhere.
-    pub(super) idle: Vec<ChunkRef>,
+    idle: Vec<ChunkRef>,
     /// Taken chunks no call changed: back where they were.
     pub(super) untouched: Vec<Taken>,
     /// Chunks whose memory was released.
-    pub(super) dropped: Vec<u32>,
+    dropped: Vec<u32>,
     /// Granules created and released, and the calls that took.
     pub(super) created: u64,
     pub(super) creates: u64,
     pub(super) released: u64,
     pub(super) releases: u64,
-    pub(super) map_calls: u64,
-    pub(super) unmap_calls: u64,
-    pub(super) unmapped: u64,
+    map_calls: u64,
+    unmap_calls: u64,
+    unmapped: u64,
     /// Time in the calls, as `Arena::call_ns`.
-    pub(super) call_ns: [u64; 4],
+    call_ns: [u64; 4],
 }
 
 /// Indices of `Arena::call_ns`.
-pub(super) const CREATE: usize = 0;
-pub(super) const MAP: usize = 1;
-pub(super) const UNMAP: usize = 2;
-pub(super) const RELEASE: usize = 3;
+const CREATE: usize = 0;
+const MAP: usize = 1;
+const UNMAP: usize = 2;
+const RELEASE: usize = 3;
 
 /// The largest piece of physical memory to create now, for a pool holding `reserved`
 /// bytes: `vmm_chunk`, and with `vmm_chunk_divisor` at most that share of what the pool
@@ -68,7 +68,7 @@ pub(super) fn chunk_limit(reserved: u64) -> u64 {
 }
 
 /// Runs one driver call, adding its time to `out.call_ns[kind]`.
-pub(super) fn timed<T>(out: &mut Outcome, kind: usize, call: impl FnOnce() -> T) -> T {
+fn timed<T>(out: &mut Outcome, kind: usize, call: impl FnOnce() -> T) -> T {
     let start = std::time::Instant::now();
     let r = call();
     out.call_ns[kind] += start.elapsed().as_nanos() as u64;
@@ -146,19 +146,11 @@ impl DevicePool {
                 }
             }
             Step::Recut { chunk, len, at } => {
-                let chunk = self.unmap_taken(chunk, base, g, out)?;
-                if let Err(e) = timed(out, RELEASE, || {
-                    self.backend.release_physical(ctx, chunk.handle)
-                }) {
-                    out.idle.push(ChunkRef::Known(chunk.id));
-                    return Err(e);
-                }
-                out.releases += 1;
-                out.released += chunk.len as u64;
-                out.dropped.push(chunk.id);
+                let chunk_len = chunk.len;
+                self.release_taken(chunk, base, g, out)?;
                 // The rest first: if the driver has less than before (another process
                 // took it meanwhile), the run fails rather than the memory held shrinking.
-                let rest = chunk.len - len;
+                let rest = chunk_len - len;
                 let rest_handle = timed(out, CREATE, || {
                     self.backend.create_physical(ctx, rest as u64 * g)
                 })?;
@@ -170,20 +162,30 @@ impl DevicePool {
                 self.create_and_map(len, at, base, g, out)
             }
             Step::Create { len, at } => self.create_and_map(len, at, base, g, out),
-            Step::Drop { chunk } => {
-                let chunk = self.unmap_taken(chunk, base, g, out)?;
-                if let Err(e) = timed(out, RELEASE, || {
-                    self.backend.release_physical(ctx, chunk.handle)
-                }) {
-                    out.idle.push(ChunkRef::Known(chunk.id));
-                    return Err(e);
-                }
-                out.releases += 1;
-                out.released += chunk.len as u64;
-                out.dropped.push(chunk.id);
-                Ok(())
-            }
+            Step::Drop { chunk } => self.release_taken(chunk, base, g, out),
         }
+    }
+
+    /// Releases a taken chunk's memory, unmapping it first when it was stolen. A chunk
+    /// that will not unmap stays where it was; one that will not release stays idle.
+    pub(super) fn release_taken(
+        &self,
+        chunk: Taken,
+        base: u64,
+        g: u64,
+        out: &mut Outcome,
+    ) -> core::result::Result<(), BackendError> {
+        let chunk = self.unmap_taken(chunk, base, g, out)?;
+        if let Err(e) = timed(out, RELEASE, || {
+            self.backend.release_physical(self.ctx.id, chunk.handle)
+        }) {
+            out.idle.push(ChunkRef::Known(chunk.id));
+            return Err(e);
+        }
+        out.releases += 1;
+        out.released += chunk.len as u64;
+        out.dropped.push(chunk.id);
+        Ok(())
     }
 
     fn create_and_map(

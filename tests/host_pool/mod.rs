@@ -2,7 +2,7 @@
 // Each test binary compiles its own copy and uses part of it.
 #![allow(dead_code)]
 
-use cupool::backend::host::HostBackend;
+use cupool::backend::host::{HostBackend, HOST_DEVICES};
 use cupool::backend::{ContextInfo, StreamHandle};
 use cupool::runtime::{runtime, Runtime};
 
@@ -29,6 +29,13 @@ pub fn setup_held() -> (&'static Runtime, &'static HostBackend, ContextInfo) {
 /// gets. The VMM arena (the default) has tests of its own (`pool_vmm.rs`, and tests that
 /// set `vmm:on` after this).
 pub fn setup_on(device: i32) -> (&'static Runtime, &'static HostBackend, ContextInfo) {
+    // The host backend makes a context for any number, but its pools refuse a device it
+    // does not have (as CUDA does): a test on one would fail for a reason of its own.
+    assert!(
+        (0..HOST_DEVICES).contains(&device),
+        "the host backend has devices 0 to {}",
+        HOST_DEVICES - 1
+    );
     cupool::config::set("backend", "host").expect("host backend");
     cupool::config::set("vmm", "off").expect("vmm option");
     let rt = runtime().expect("runtime starts on the host backend");

@@ -124,26 +124,17 @@ impl DevicePool {
         out: &mut Outcome,
     ) -> core::result::Result<(), BackendError> {
         let ctx = self.ctx.id;
-        let addr = |gr: usize| base + gr as u64 * g;
         match step {
             Step::Map { chunk, at } => {
                 let chunk = self.unmap_taken(chunk, base, g, out)?;
                 let bytes = chunk.len as u64 * g;
-                match timed(out, MAP, || {
-                    self.backend
-                        .map_physical(ctx, addr(at), bytes, chunk.handle)
-                }) {
-                    Ok(()) => {
-                        out.map_calls += 1;
-                        trace_driver(DriverAction::Map, addr(at), bytes, self.ctx.device);
-                        out.mapped.push((ChunkRef::Known(chunk.id), at));
-                        Ok(())
-                    }
-                    Err(e) => {
-                        out.idle.push(ChunkRef::Known(chunk.id));
-                        Err(e)
-                    }
-                }
+                self.map_chunk(
+                    ChunkRef::Known(chunk.id),
+                    chunk.handle,
+                    bytes,
+                    (at, base + at as u64 * g),
+                    out,
+                )
             }
             Step::Recut { chunk, len, at } => {
                 let chunk_len = chunk.len;
@@ -196,31 +187,39 @@ impl DevicePool {
         g: u64,
         out: &mut Outcome,
     ) -> core::result::Result<(), BackendError> {
-        let ctx = self.ctx.id;
         let bytes = len as u64 * g;
-        let handle = timed(out, CREATE, || self.backend.create_physical(ctx, bytes))?;
+        let handle = timed(out, CREATE, || {
+            self.backend.create_physical(self.ctx.id, bytes)
+        })?;
         out.note_created(len);
-        let ptr = base + at as u64 * g;
+        let chunk = ChunkRef::New {
+            handle,
+            granules: len,
+        };
+        self.map_chunk(chunk, handle, bytes, (at, base + at as u64 * g), out)
+    }
+
+    /// Maps `chunk` (physical memory `handle` of `bytes`) at granule `at`, address `ptr`:
+    /// mapped on success, idle on failure.
+    fn map_chunk(
+        &self,
+        chunk: ChunkRef,
+        handle: u64,
+        bytes: u64,
+        (at, ptr): (usize, u64),
+        out: &mut Outcome,
+    ) -> core::result::Result<(), BackendError> {
         match timed(out, MAP, || {
-            self.backend.map_physical(ctx, ptr, bytes, handle)
+            self.backend.map_physical(self.ctx.id, ptr, bytes, handle)
         }) {
             Ok(()) => {
                 out.map_calls += 1;
                 trace_driver(DriverAction::Map, ptr, bytes, self.ctx.device);
-                out.mapped.push((
-                    ChunkRef::New {
-                        handle,
-                        granules: len,
-                    },
-                    at,
-                ));
+                out.mapped.push((chunk, at));
                 Ok(())
             }
             Err(e) => {
-                out.idle.push(ChunkRef::New {
-                    handle,
-                    granules: len,
-                });
+                out.idle.push(chunk);
                 Err(e)
             }
         }

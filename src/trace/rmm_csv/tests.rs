@@ -66,20 +66,28 @@ fn fields_parse_as_rmm_writes_them() {
     assert_eq!(shorten("x".repeat(50).as_bytes()).len(), 43);
 }
 
+/// `HH:MM:SS.ffffff` of a time in microseconds (RMM's `Time`, wrapping at a day).
+fn clock(time_us: u64) -> String {
+    let us = time_us % (24 * 3600 * 1_000_000);
+    let secs = us / 1_000_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:06}",
+        secs / 3600,
+        (secs / 60) % 60,
+        secs % 60,
+        us % 1_000_000
+    )
+}
+
 /// The rows as `core::fmt` wrote them before the hand-written writers.
 fn fmt_row(ev: &TraceEvent) -> String {
     use core::fmt::Write as _;
     let mut out = String::new();
-    let us = ev.time_us % (24 * 3600 * 1_000_000);
-    let secs = us / 1_000_000;
     let _ = write!(
         out,
-        "{},{:02}:{:02}:{:02}.{:06},{},{:#x},{},{:#x},",
+        "{},{},{},{:#x},{},{:#x},",
         ev.thread,
-        secs / 3600,
-        (secs / 60) % 60,
-        secs % 60,
-        us % 1_000_000,
+        clock(ev.time_us),
         ev.action.rmm_word(),
         ev.ptr,
         ev.size,
@@ -107,15 +115,10 @@ fn fmt_row(ev: &TraceEvent) -> String {
 }
 
 fn fmt_driver_row(row: &DriverRow) -> String {
-    let us = row.time_us % (24 * 3600 * 1_000_000);
-    let secs = us / 1_000_000;
     format!(
-        "{},{:02}:{:02}:{:02}.{:06},{},{:#x},{},{},{}\n",
+        "{},{},{},{:#x},{},{},{}\n",
         row.thread,
-        secs / 3600,
-        (secs / 60) % 60,
-        secs % 60,
-        us % 1_000_000,
+        clock(row.time_us),
         row.action.word(),
         row.ptr,
         row.size,

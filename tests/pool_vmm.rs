@@ -47,6 +47,23 @@ fn set_default(key: &str) {
     cupool::config::set(key, o.expect("a known option").default).unwrap();
 }
 
+/// An option set for one test and put back to its default when the test ends, failed or
+/// not, so that the tests after it run with the defaults.
+struct OptionFor(&'static str);
+
+impl OptionFor {
+    fn set(key: &'static str, value: &str) -> Self {
+        cupool::config::set(key, value).unwrap();
+        OptionFor(key)
+    }
+}
+
+impl Drop for OptionFor {
+    fn drop(&mut self) {
+        set_default(self.0);
+    }
+}
+
 /// Empties the cache and checks that the host backend holds no VMM object any more.
 fn empty_and_check_nothing_left(
     rt: &Runtime,
@@ -401,7 +418,7 @@ fn the_footprint_accounts_for_every_reserved_byte() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, host, ctx) = vmm_setup(true);
     // Chunks of `vmm_chunk` (8 MiB) from the start, for the layout above.
-    cupool::config::set("vmm_chunk_divisor", "0").unwrap();
+    let _divisor = OptionFor::set("vmm_chunk_divisor", "0");
     let a = rt.alloc(3 * MIB as usize).unwrap();
     let b = rt.alloc((3 * MIB + MIB / 2) as usize).unwrap();
     let c = rt.alloc(3 * MIB as usize).unwrap();
@@ -448,7 +465,6 @@ fn the_footprint_accounts_for_every_reserved_byte() {
     rt.free(c).unwrap();
     empty_and_check_nothing_left(rt, host, ctx);
     assert_eq!(pool.footprint(), cupool::pool::Footprint::default());
-    set_default("vmm_chunk_divisor");
     cupool::config::set("vmm", "off").unwrap();
 }
 
@@ -585,7 +601,7 @@ fn chunks_made_while_the_pool_was_small_are_merged_as_they_move() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, host, ctx) = vmm_setup(true);
     set_default("vmm_chunk");
-    cupool::config::set("vmm_chunk_divisor", "2").unwrap();
+    let _divisor = OptionFor::set("vmm_chunk_divisor", "2");
     // An empty pool: chunks of one granule (reserved / 2 rounds down to less than one).
     let a = rt.alloc(4 * G as usize).unwrap();
     let pool = rt.context_pool(ctx).unwrap();
@@ -639,6 +655,5 @@ fn chunks_made_while_the_pool_was_small_are_merged_as_they_move() {
     assert!(holds(pin, MIB + MIB / 2, 7));
     rt.free(pin).unwrap();
     empty_and_check_nothing_left(rt, host, ctx);
-    set_default("vmm_chunk_divisor");
     cupool::config::set("vmm", "off").unwrap();
 }

@@ -15,7 +15,7 @@ use crate::backend::BackendError;
 use crate::config::{self, Key};
 use crate::status::{CupoolStatus, Result};
 use core::sync::atomic::Ordering;
-use steps::{chunk_limit, restore, Outcome};
+use steps::{chunk_limit, merges_chunks, restore, Outcome};
 
 mod steps;
 
@@ -149,9 +149,7 @@ impl DevicePool {
             let allowed = create;
             // Note [chunks]: the `vmm_chunk` option, in granules.
             let max_chunk = (chunk_limit(reserved) / g).clamp(1, u32::MAX as u64) as u32;
-            // Note [merged chunks]: with chunks sized by the pool, the small ones made
-            // while it was small are merged as they move.
-            let merge = config::get(Key::VmmChunkDivisor) != 0;
+            let merge = merges_chunks();
             let split = config::get(Key::VmmChunkSplit) as usize;
             let mut steps = Vec::new();
             for run in todo.chunk_by(|x, y| *x + 1 == *y) {
@@ -163,13 +161,8 @@ impl DevicePool {
                     Some(s) => steps.extend(s),
                     None => {
                         // Give back what earlier runs took; nothing was called yet.
-                        for step in steps {
-                            if let Step::Map { chunk, .. }
-                            | Step::Recut { chunk, .. }
-                            | Step::Drop { chunk } = step
-                            {
-                                restore(a, chunk);
-                            }
+                        for chunk in steps.into_iter().filter_map(Step::taken) {
+                            restore(a, chunk);
                         }
                         return Err(CupoolStatus::CupoolErrorOutOfMemory);
                     }
@@ -186,11 +179,7 @@ impl DevicePool {
         for step in steps {
             if failed.is_some() {
                 // Not started: chunks go back where they were, or idle once unmapped.
-                if let Step::Map { chunk, .. } | Step::Recut { chunk, .. } | Step::Drop { chunk } =
-                    step
-                {
-                    outcome.untouched.push(chunk);
-                }
+                outcome.untouched.extend(step.taken());
                 continue;
             }
             if let Err(e) = self.run_step(step, base, g, &mut outcome) {

@@ -111,6 +111,18 @@ pub enum Step {
     Drop { chunk: Taken },
 }
 
+impl Step {
+    /// The chunk this step takes from the arena's books, if any (a `Create` takes none).
+    pub fn taken(self) -> Option<Taken> {
+        match self {
+            Step::Map { chunk, .. } | Step::Recut { chunk, .. } | Step::Drop { chunk } => {
+                Some(chunk)
+            }
+            Step::Create { .. } => None,
+        }
+    }
+}
+
 pub struct Arena {
     pub base: u64,
     pub size: u64,

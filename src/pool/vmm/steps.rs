@@ -67,6 +67,12 @@ pub(super) fn chunk_limit(reserved: u64) -> u64 {
     }
 }
 
+/// Note [merged chunks]: with chunks sized by the pool (`vmm_chunk_divisor`), the small
+/// ones made while it was small are merged as they move.
+pub(super) fn merges_chunks() -> bool {
+    config::get(Key::VmmChunkDivisor) != 0
+}
+
 /// Runs one driver call, adding its time to `out.call_ns[kind]`.
 fn timed<T>(out: &mut Outcome, kind: usize, call: impl FnOnce() -> T) -> T {
     let start = std::time::Instant::now();

@@ -91,3 +91,54 @@ impl<T> RecordCell<T> {
         }
     }
 }
+
+/// A lock for short critical sections that may hold a backend call: a spin lock in normal
+/// builds, loom's mutex under the model checker (which cannot see a spin lock's atomics).
+pub struct Lock<T> {
+    #[cfg(not(loom))]
+    inner: spin::Mutex<T>,
+    #[cfg(loom)]
+    inner: loom::sync::Mutex<T>,
+}
+
+/// The guard of a [`Lock`].
+#[cfg(not(loom))]
+pub type LockGuard<'a, T> = spin::MutexGuard<'a, T>;
+/// The guard of a [`Lock`].
+#[cfg(loom)]
+pub type LockGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+impl<T> Lock<T> {
+    pub fn new(value: T) -> Self {
+        Lock {
+            #[cfg(not(loom))]
+            inner: spin::Mutex::new(value),
+            #[cfg(loom)]
+            inner: loom::sync::Mutex::new(value),
+        }
+    }
+
+    /// The guard, waiting for it.
+    pub fn lock(&self) -> LockGuard<'_, T> {
+        #[cfg(not(loom))]
+        {
+            self.inner.lock()
+        }
+        #[cfg(loom)]
+        {
+            self.inner.lock().unwrap()
+        }
+    }
+
+    /// The guard if nobody holds it now.
+    pub fn try_lock(&self) -> Option<LockGuard<'_, T>> {
+        #[cfg(not(loom))]
+        {
+            self.inner.try_lock()
+        }
+        #[cfg(loom)]
+        {
+            self.inner.try_lock().ok()
+        }
+    }
+}

@@ -13,6 +13,7 @@ use cupool::pool::address_map::AddressMap;
 use cupool::pool::block::{BlockTable, Place, TakeBack};
 use cupool::pool::capture::CaptureExclusion;
 use cupool::pool::counters::{Level, ThreadCounters};
+use cupool::pool::fence_clock::{FenceClock, FenceRecorder};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -242,5 +243,80 @@ fn a_streamless_free_against_the_allocating_thread_exiting() {
         exiting.join().unwrap();
         assert_eq!(freer.join().unwrap(), 100);
         assert!(seen.iter().all(|r| [100, 201].contains(r)), "{seen:?}");
+    });
+}
+
+/// A device for the shared thread fences' model: a fence's handle holds its number and
+/// whether the device work the closing thread queued (`launched`) was in it; retired
+/// fences are listed.
+struct ModelDevice {
+    clock: Arc<FenceClock>,
+    launched: Arc<loom::sync::atomic::AtomicU64>,
+    retired: Arc<loom::sync::Mutex<Vec<u64>>>,
+}
+
+impl FenceRecorder for ModelDevice {
+    fn record(&self) -> Option<u64> {
+        use loom::sync::atomic::Ordering::Relaxed;
+        // The clock numbered this fence just before calling: `started` is its number.
+        let seq = self.clock.started();
+        let saw = self.launched.load(Relaxed);
+        Some(seq << 1 | saw)
+    }
+    fn completed(&self, _fence: u64) -> bool {
+        true
+    }
+    fn recycle(&self, fence: u64) {
+        self.retired.lock().unwrap().push(fence);
+    }
+}
+
+/// Note [shared thread fences]: every fence numbered at or above a batch's ticket saw the
+/// work its thread queued before taking the ticket, whichever thread records it and
+/// however the ticket and the record interleave; and a batch reported covered was covered
+/// by such a fence.
+#[test]
+fn a_shared_fence_covers_what_came_before_its_ticket() {
+    loom::model(|| {
+        use loom::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        let clock = Arc::new(FenceClock::new());
+        let launched = Arc::new(AtomicU64::new(0));
+        let retired = Arc::new(loom::sync::Mutex::new(Vec::new()));
+        let device = || ModelDevice {
+            clock: clock.clone(),
+            launched: launched.clone(),
+            retired: retired.clone(),
+        };
+        let (a, b) = (device(), device());
+        let (clock_a, clock_b) = (clock.clone(), clock.clone());
+        let closer = thread::spawn(move || {
+            // The program's work on the batch's blocks, then the batch closes.
+            a.launched.store(1, Relaxed);
+            let need = clock_a.ticket();
+            (need, clock_a.advance(need, false, &a))
+        });
+        // Another thread's batch, closing at the same time.
+        let other = thread::spawn(move || {
+            let need = clock_b.ticket();
+            clock_b.advance(need, true, &b);
+        });
+        other.join().unwrap();
+        let (need, covered) = closer.join().unwrap();
+        let retired = retired.lock().unwrap().clone();
+        for fence in &retired {
+            if fence >> 1 >= need {
+                assert_eq!(
+                    fence & 1,
+                    1,
+                    "fence {} missed the batch of ticket {need}",
+                    fence >> 1
+                );
+            }
+        }
+        if covered {
+            assert!(retired.iter().any(|f| f >> 1 >= need));
+        }
+        // Nobody is left waiting: a fence recorded now covers the batch.
+        assert!(clock.advance(need, true, &device()));
     });
 }

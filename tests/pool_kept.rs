@@ -1,28 +1,43 @@
-//! Note [thread fences] in `src/pool/thread_cache.rs`, on the host backend: with
+//! Note [thread fences] in `src/pool/thread_cache/kept.rs`, on the host backend: with
 //! `thread_cache_streamless`, a thread keeps the small blocks it frees without a stream in
-//! batches, records one context fence per batch, and reuses a batch's blocks itself, with
-//! no pool lock, only once that fence has completed.
+//! batches, and reuses a batch's blocks itself, with no pool lock, only once a context
+//! fence recorded after the batch closed has completed. Those fences are shared by every
+//! thread (Note [shared thread fences] in `src/pool/fence_clock.rs`).
 //!
-//! A test binary of its own: the option is process-wide. Each test has a context (so a
+//! The option is on by default; a test binary of its own, since the option is process-wide. Each test has a context (so a
 //! pool) of its own.
 
 mod host_pool;
 
-use host_pool::{setup, setup_held};
+use host_pool::{alloc_free_pairs, setup, setup_held};
 use std::sync::Mutex;
 
 static OPTIONS: Mutex<()> = Mutex::new(());
 
-fn with_kept<T>(f: impl FnOnce() -> T) -> T {
+/// Runs `f` with `thread_cache_streamless` set to `value`, then sets the default back (also
+/// when `f` fails).
+fn with_option<T>(value: &str, f: impl FnOnce() -> T) -> T {
+    struct Default;
+    impl Drop for Default {
+        fn drop(&mut self) {
+            cupool::config::set("thread_cache_streamless", "true").unwrap();
+        }
+    }
     let _g = OPTIONS.lock().unwrap_or_else(|p| p.into_inner());
-    cupool::config::set("thread_cache_streamless", "true").unwrap();
-    let result = f();
-    cupool::config::set("thread_cache_streamless", "false").unwrap();
-    result
+    let _default = Default;
+    cupool::config::set("thread_cache_streamless", value).unwrap();
+    f()
+}
+
+fn with_kept<T>(f: impl FnOnce() -> T) -> T {
+    with_option("true", f)
 }
 
 #[test]
 fn a_streamless_loop_reuses_its_own_blocks_with_one_fence_per_batch() {
+    // A batch closes once it holds a quarter of `fence_batch` (16 frees) or 512 KiB; in
+    // this loop (four sizes, 83 KiB on average) any five frees in a row hold 512 KiB.
+    const FREES_PER_BATCH: u64 = 5;
     with_kept(|| {
         let (rt, host, ctx) = setup();
         let sizes = [512, 4096, 65536, 262144];
@@ -37,8 +52,10 @@ fn a_streamless_loop_reuses_its_own_blocks_with_one_fence_per_batch() {
         }
         let fences = host.counters().fences_recorded - fences;
         let s = rt.context_stats(ctx).unwrap();
-        // A batch closes at a miss once it holds a quarter of `fence_batch` (16).
-        assert!(fences <= 4000 / 16 + 4, "{fences} fences for 4000 frees");
+        assert!(
+            fences <= 4000 / FREES_PER_BATCH + 4,
+            "{fences} fences for 4000 frees"
+        );
         assert_eq!(
             s.device_allocs, 1,
             "one small segment: no growth while blocks are kept"
@@ -93,32 +110,146 @@ fn a_kept_block_is_not_reused_before_its_fence_completes() {
 }
 
 #[test]
-fn off_by_default_frees_go_to_the_pool_s_fence_queue() {
-    let _g = OPTIONS.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, _host, ctx) = setup();
-    let p = rt.alloc(4096).unwrap();
-    rt.free(p).unwrap();
-    let s = rt.context_stats(ctx).unwrap();
-    assert!(
-        s.pending_fence_bytes >= 4096,
-        "waits in the pool: {}",
-        s.pending_fence_bytes
-    );
-    drop(_g);
+fn kept_blocks_wait_in_the_thread_and_the_option_off_sends_them_to_the_pool() {
+    with_option("false", || {
+        let (rt, _host, ctx) = setup();
+        let p = rt.alloc(4096).unwrap();
+        rt.free(p).unwrap();
+        let pool = rt.context_pool(ctx).unwrap();
+        assert!(
+            pool.footprint().awaiting_fence >= 4096,
+            "off: waits in the pool's fence queue"
+        );
+    });
     with_kept(|| {
         let (rt, _host, ctx) = setup();
         let p = rt.alloc(4096).unwrap();
         rt.free(p).unwrap();
-        let s = rt.context_stats(ctx).unwrap();
+        let pool = rt.context_pool(ctx).unwrap();
         assert_eq!(
-            s.pending_fence_bytes, 0,
+            pool.footprint().awaiting_fence,
+            0,
             "kept by the thread, not in the pool's queue"
         );
+        assert_eq!(
+            rt.context_stats(ctx).unwrap().pending_fence_bytes,
+            4096,
+            "and counted as waiting for a fence"
+        );
         rt.flush_thread_cache();
-        let s = rt.context_stats(ctx).unwrap();
         assert!(
-            s.pending_fence_bytes >= 4096,
+            pool.footprint().awaiting_fence >= 4096,
             "back in the pool's queue once flushed"
         );
+        assert!(rt.context_stats(ctx).unwrap().pending_fence_bytes >= 4096);
+    });
+}
+
+/// Note [shared thread fences]: batches that threads close while earlier fences are still
+/// running wait for a later shared fence instead of recording their own, so the number of
+/// fences outstanding stays bounded whatever the number of threads; once the device
+/// completes them, every thread reuses its own blocks.
+#[test]
+fn threads_share_their_batches_fences() {
+    with_kept(|| {
+        let (rt, host, ctx) = setup_held();
+        let threads = 4;
+        // Three full batches per thread, twelve in all.
+        cupool::config::set("fence_batch", "16").unwrap();
+        let per_thread = 48;
+        let fences = host.counters().fences_recorded;
+        let freed = std::sync::Barrier::new(threads + 1);
+        let completed = std::sync::Barrier::new(threads + 1);
+        let one_at_a_time = Mutex::new(());
+        let reused_own = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    let (freed, completed, one_at_a_time) = (&freed, &completed, &one_at_a_time);
+                    s.spawn(move || {
+                        host.make_current(ctx);
+                        let mine: Vec<u64> =
+                            (0..per_thread).map(|_| rt.alloc(4096).unwrap()).collect();
+                        for &p in &mine {
+                            rt.free(p).unwrap();
+                        }
+                        freed.wait();
+                        completed.wait();
+                        // One thread at a time: a thread that finds another bringing the
+                        // fences forward does not wait for it (it takes the pool's path),
+                        // which would make the count below depend on timing.
+                        let turn = one_at_a_time.lock().unwrap();
+                        let again: Vec<u64> =
+                            (0..per_thread).map(|_| rt.alloc(4096).unwrap()).collect();
+                        drop(turn);
+                        let own = again.iter().filter(|p| mine.contains(p)).count();
+                        for p in again {
+                            rt.free(p).unwrap();
+                        }
+                        rt.flush_thread_cache();
+                        own
+                    })
+                })
+                .collect();
+            freed.wait();
+            let recorded = host.counters().fences_recorded - fences;
+            cupool::config::set("fence_batch", "64").unwrap();
+            let pending = rt.context_stats(ctx).unwrap().pending_fence_bytes;
+            host.complete_all(ctx.id);
+            host.set_manual_completion(ctx.id, false);
+            // Checked once the workers are released (a failed check must not leave them
+            // waiting at the barrier).
+            completed.wait();
+            let batches = threads * per_thread / 16;
+            assert!(
+                recorded as usize <= cupool::pool::fence_clock::MAX_IN_FLIGHT
+                    && (recorded as usize) < batches,
+                "{recorded} fences for {batches} closed batches"
+            );
+            assert_eq!(
+                pending,
+                (threads * per_thread * 4096) as u64,
+                "every free is kept by its thread, waiting for a fence"
+            );
+            workers
+                .into_iter()
+                .map(|w| w.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        // The batch a thread still had open closes at its first miss, and the fence
+        // recorded for it then may not be seen complete at once: that one allocation
+        // takes the pool's path, the next ones the batch's blocks.
+        assert!(
+            reused_own.iter().all(|&own| own + 1 >= per_thread),
+            "each thread reuses the blocks it kept once the shared fences completed: {reused_own:?}"
+        );
+        rt.context_pool(ctx).unwrap().check_invariants().unwrap();
+        rt.empty_context_cache(ctx).unwrap();
+        assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);
+    });
+}
+
+/// Note [stale kept blocks]: once a loop stops allocating the sizes a thread kept, the
+/// kept blocks go back and merge, so the next loop's blocks fit where they did without
+/// them: a 1 MiB loop after a 512 B loop needs one fence per two pairs (two 1 MiB blocks
+/// take turns in the 2 MiB segment), not one per pair.
+#[test]
+fn kept_blocks_a_loop_stopped_using_go_back_to_the_pool() {
+    with_kept(|| {
+        let (rt, host, ctx) = setup();
+        alloc_free_pairs(rt, 1000, 512);
+        let pool = rt.context_pool(ctx).unwrap();
+        assert!(pool.footprint().other > 0, "the 512 B blocks are kept");
+        let fences = host.counters().fences_recorded;
+        let pairs = 1000;
+        alloc_free_pairs(rt, pairs, 1 << 20);
+        let per_pair = (host.counters().fences_recorded - fences) as f64 / pairs as f64;
+        assert!(per_pair <= 0.55, "{per_pair} fences per 1 MiB pair");
+        assert_eq!(pool.footprint().other, 0, "the kept blocks went back");
+        assert_eq!(
+            rt.context_stats(ctx).unwrap().reserved_bytes.current,
+            2 << 20
+        );
+        rt.empty_context_cache(ctx).unwrap();
+        assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);
     });
 }

@@ -75,9 +75,16 @@ impl DevicePool {
         }
         // Blocks this thread's cache holds are invisible to the search above (the cache
         // is searched by the request's class only): give them back before growing.
+        let unsealed = self.shared.lock().unsealed_fence_blocks;
         flush_own_cache();
-        if req.kind == SegmentKind::Large && self.arena_active() && self.may_order() {
-            // Note [vmm arena]: the flushed blocks' granules can be stolen once fenced.
+        let fenced_flush = self.shared.lock().unsealed_fence_blocks > unsealed;
+        let stealable = req.kind == SegmentKind::Large && self.arena_active();
+        if (stealable || fenced_flush) && self.may_order() {
+            // Note [vmm arena]: the flushed blocks' granules can be stolen once fenced; and
+            // the small blocks the thread kept after freeing them without a stream (Note
+            // [thread fences]) merge with their neighbours once fenced: without this pass
+            // a small request grew a segment beside them (`streamless_behind`, 95.14% →
+            // 94.77% with `thread_cache_streamless`).
             self.advance(Advance::Poll);
         }
         if let Some(ptr) = self.try_fit(c, req, false) {

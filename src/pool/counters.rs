@@ -35,6 +35,11 @@ pub struct ThreadCounters {
     /// The pool's peak epoch this thread's high-water marks belong to (owner only).
     peak_epoch: AtomicU64,
     counts: [AtomicU64; COUNTS],
+    /// Bytes this thread keeps after freeing them without a stream that no completed fence
+    /// covers yet (Note [thread fences]): part of the pool's `pending_fence_bytes`. A
+    /// signed delta like the levels (a thread's exit handler lowers it on the orphan
+    /// record).
+    kept_unfenced: AtomicU64,
     /// True for a record that several threads may use at once (the fallback record for
     /// threads whose thread-local storage is gone): then updates use locked RMWs.
     shared: bool,
@@ -52,6 +57,7 @@ impl ThreadCounters {
             high_water: core::array::from_fn(|_| AtomicU64::new(0)),
             peak_epoch: AtomicU64::new(0),
             counts: core::array::from_fn(|_| AtomicU64::new(0)),
+            kept_unfenced: AtomicU64::new(0),
             shared,
         }
     }
@@ -98,6 +104,17 @@ impl ThreadCounters {
 
     pub fn level(&self, level: Level) -> i64 {
         self.levels[level as usize].load(Relaxed) as i64
+    }
+
+    /// Moves the bytes this thread keeps unfenced up (`bytes` > 0) or down.
+    #[inline]
+    pub fn keep_unfenced(&self, bytes: i64) {
+        self.add(&self.kept_unfenced, bytes as u64);
+    }
+
+    /// This record's share of the kept bytes no fence covers yet (a signed delta).
+    pub fn kept_unfenced(&self) -> i64 {
+        self.kept_unfenced.load(Relaxed) as i64
     }
 
     pub fn get_count(&self, c: Count) -> u64 {

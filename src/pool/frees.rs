@@ -2,10 +2,12 @@
 //! one (reusable once a context fence covers it).
 
 use super::block::{BlockIdx, Place, NIL};
+use super::fence_clock::{Fence, FenceRecorder};
 use super::fences::Advance;
 use super::{DevicePool, Shared, StreamRef, BLOCKS, STREAMLESS};
 use crate::backend::EventHandle;
 use crate::config::{self, Key};
+use core::sync::atomic::Ordering;
 
 impl DevicePool {
     /// A block freed on stream `s` (directly or flushed from a thread cache): `s` may take
@@ -134,48 +136,28 @@ impl DevicePool {
         }
     }
 
-    /// Records a context fence for a batch of blocks a thread kept after freeing them
-    /// without a stream (Note [thread fences] in `thread_cache/kept.rs`): the calling thread
-    /// made those frees, so the fence is recorded after them. `None` while a capture is
-    /// active, after exit, or when the driver refuses (the batch then waits for the pool).
-    pub fn record_thread_fence(&self) -> Option<EventHandle> {
-        if !self.may_order() {
-            return None;
-        }
-        // Note [capture exclusion].
-        let _calls = self.enter_ordering_calls()?;
-        match self.backend.record_context_fence(self.ctx.id) {
-            Ok(ev) => {
-                self.fence_side
-                    .thread_fences
-                    .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-                Some(ev)
-            }
-            Err(e) => {
-                crate::log::debug(&format!("cupool: context fence failed: {e:?}"));
-                None
-            }
-        }
+    /// The ticket of a batch of blocks the calling thread kept after freeing them without a
+    /// stream, taken when the batch closes: any shared thread fence numbered at least this
+    /// covers the batch (Note [shared thread fences] in `fence_clock.rs`).
+    #[inline]
+    pub fn thread_fence_ticket(&self) -> u64 {
+        self.fence_side.thread_clock.ticket()
     }
 
-    /// Whether a fence from [`DevicePool::record_thread_fence`] has completed; once it has,
-    /// it is given back to the backend (the caller drops its handle).
-    pub fn thread_fence_done(&self, fence: EventHandle) -> bool {
-        let done = self
-            .backend
-            .event_completed(self.ctx.id, fence)
-            .unwrap_or(false);
-        if done {
-            self.backend.recycle_event(self.ctx.id, fence);
-        }
-        done
+    /// Whether a completed shared thread fence covers ticket `need`, without a driver call.
+    #[inline]
+    pub fn thread_fence_covers(&self, need: u64) -> bool {
+        self.fence_side.thread_clock.covers(need)
     }
 
-    /// Gives a thread fence back without waiting for it (its batch goes to the pool).
-    pub fn drop_thread_fence(&self, fence: EventHandle) {
-        self.backend.recycle_event(self.ctx.id, fence);
+    /// Brings the shared thread fences forward for ticket `need` (retires completed fences,
+    /// records one if none covers `need` yet), unless another thread is doing so now.
+    /// Returns whether `need` is covered.
+    pub fn advance_thread_fences(&self, need: u64) -> bool {
+        self.fence_side
+            .thread_clock
+            .advance(need, false, &ThreadFences(self))
     }
-
     /// Blocks a thread kept after freeing them without a stream come back (Note [thread
     /// fences] in `thread_cache.rs`): with `covered` (their fence completed) to the shared
     /// index; otherwise to the fence queue, stamped now (a later fence than they need,
@@ -203,5 +185,46 @@ impl DevicePool {
             sh.fence_queue.push_back(&BLOCKS, idx);
             sh.unsealed_fence_blocks += 1;
         }
+    }
+}
+
+/// The pool's backend as the shared thread fences see it.
+struct ThreadFences<'a>(&'a DevicePool);
+
+impl FenceRecorder for ThreadFences<'_> {
+    /// `None` while a capture is active, after exit, or when the driver refuses (the
+    /// batches then wait for a later fence, or for the pool).
+    fn record(&self) -> Option<Fence> {
+        let pool = self.0;
+        if !pool.may_order() {
+            return None;
+        }
+        // Note [capture exclusion].
+        let _calls = pool.enter_ordering_calls()?;
+        match pool.backend.record_context_fence(pool.ctx.id) {
+            Ok(ev) => {
+                pool.fence_side
+                    .thread_fences
+                    .fetch_add(1, Ordering::Relaxed);
+                Some(ev.0)
+            }
+            Err(e) => {
+                crate::log::debug(&format!("cupool: context fence failed: {e:?}"));
+                None
+            }
+        }
+    }
+
+    fn completed(&self, fence: Fence) -> bool {
+        let pool = self.0;
+        pool.backend
+            .event_completed(pool.ctx.id, EventHandle(fence))
+            .unwrap_or(false)
+    }
+
+    fn recycle(&self, fence: Fence) {
+        self.0
+            .backend
+            .recycle_event(self.0.ctx.id, EventHandle(fence));
     }
 }

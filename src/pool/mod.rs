@@ -43,6 +43,7 @@ pub mod block;
 pub mod capture;
 pub mod counters;
 pub mod export;
+pub mod fence_clock;
 mod fences;
 pub mod fifo;
 mod footprint;
@@ -328,7 +329,8 @@ pub struct DevicePool {
 /// shared one with `ordering_calls`, which every fence writes: each fence of one thread
 /// made the next calls and fences of every other thread miss. perf, host backend, two
 /// threads, `thread_cache_streamless:true`: the load of `depth` took 64% of the samples of
-/// `record_thread_fence`, 17% of all. With the counters on lines of their own (and
+/// `record_thread_fence` (a thread fence's record then; `ThreadFences::record` in
+/// `frees.rs` now), 17% of all. With the counters on lines of their own (and
 /// `depth` read by a load: Note [capture exclusion]) that function fell to 4%, and the
 /// pairs went from 14.6–16.1 to 15.5–18.2 M/s on two threads (23.3–24.3 to 24.4–25.0 on
 /// one; 3 interleaved runs each, docs/BENCHMARKS.md).
@@ -339,6 +341,8 @@ struct FenceSide {
     /// Fences threads recorded for the streamless frees they keep (Note [thread fences]),
     /// counted without the pool lock.
     thread_fences: AtomicU64,
+    /// Those fences, shared by every thread's kept batches (Note [shared thread fences]).
+    thread_clock: fence_clock::FenceClock,
 }
 
 impl DevicePool {
@@ -372,6 +376,7 @@ impl DevicePool {
             fence_side: LineApart(FenceSide {
                 captures: capture::CaptureExclusion::new(),
                 thread_fences: AtomicU64::new(0),
+                thread_clock: fence_clock::FenceClock::new(),
             }),
             device_total: AtomicU64::new(0),
             lone_fence_streak: AtomicU32::new(0),

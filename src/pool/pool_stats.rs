@@ -56,7 +56,9 @@ impl DevicePool {
         s.fences_recorded = slow.fences + self.fence_side.thread_fences.load(Ordering::Relaxed);
         s.cross_stream_frees = slow.cross_stream;
         s.inactive_split_bytes = frag.inactive_split;
-        s.pending_fence_bytes = frag.pending_fence;
+        // Blocks threads keep after streamless frees wait for a fence too (Note [thread
+        // fences]).
+        s.pending_fence_bytes = frag.pending_fence + sums.kept_unfenced;
         s.mapped_bytes = frag.mapped;
         s.segments = frag.segments;
         s.granules = frag.granules;

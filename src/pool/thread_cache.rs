@@ -97,6 +97,9 @@ impl Limits {
 pub struct ThreadCache {
     slots: [Slot; SLOTS],
     kept: [Kept; KEPT_BATCHES],
+    /// Streamless allocations in a row the kept blocks did not serve (Note [stale kept
+    /// blocks]).
+    kept_misses: u32,
     ready: Ready,
     bytes: u64,
     flush_epoch: u64,
@@ -109,6 +112,7 @@ impl ThreadCache {
         ThreadCache {
             slots: [Slot::EMPTY; SLOTS],
             kept: [Kept::EMPTY; KEPT_BATCHES],
+            kept_misses: 0,
             ready: Ready::new(),
             bytes: 0,
             flush_epoch: FLUSH_EPOCH.load(Relaxed),
@@ -459,13 +463,17 @@ pub fn sum_level(pool: u16, level: Level) -> i64 {
 pub struct PoolSums {
     pub levels: [i64; LEVELS],
     pub counts: [u64; COUNTS],
+    /// Bytes threads keep after streamless frees that no fence covers yet.
+    pub kept_unfenced: u64,
 }
 
 pub fn sum_pool(pool: u16) -> PoolSums {
     let mut s = PoolSums {
         levels: [0; LEVELS],
         counts: [0; COUNTS],
+        kept_unfenced: 0,
     };
+    let mut kept: i64 = 0;
     for t in REGISTRY.lock().all.iter() {
         let c = t.counters(pool);
         for (i, l) in [Level::Allocated, Level::Requested, Level::Cached]
@@ -477,7 +485,9 @@ pub fn sum_pool(pool: u16) -> PoolSums {
         for (i, k) in [Count::Allocs, Count::Frees].into_iter().enumerate() {
             s.counts[i] += c.get_count(k);
         }
+        kept += c.kept_unfenced();
     }
+    s.kept_unfenced = kept.max(0) as u64;
     s
 }
 

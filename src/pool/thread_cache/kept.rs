@@ -1,22 +1,46 @@
 //! Note [thread fences]: with `thread_cache_streamless`, small blocks freed without a
 //! stream are kept by the freeing thread, in batches per pool. A batch closes after
-//! `fence_batch` frees (or, on a miss, after a quarter of that), and this thread records
-//! one context fence for it: the frees came before the record in this thread's program
-//! order, so the fence covers the work that used the blocks. Once that fence has completed
-//! (one query), the batch's blocks move to per-class ready bins, where this thread's
-//! streamless allocations take them: no pool lock and no shared state on the way, one
-//! fence per batch. Before the pool grows, and on `empty_cache` or OOM, the batches go back
-//! to the pool (to its fence queue unless their fence has completed).
+//! `fence_batch` frees or [`KEPT_CLOSE_BYTES`] (after a quarter of `fence_batch` or of
+//! [`KEPT_MAX_BYTES`] when no other batch waits for its fence, or on a miss) and takes a
+//! ticket of the pool's shared thread fences: the frees came before the ticket
+//! in this thread's program order, so any fence numbered at or above it covers the work
+//! that used the blocks (Note [shared thread fences] in `pool/fence_clock.rs`). Once such a
+//! fence has completed (an atomic load), the batch's blocks move to per-class ready bins,
+//! where this thread's streamless allocations take them: no pool lock and no shared state
+//! on the way. Before the pool grows, and on `empty_cache` or OOM, the batches go back to
+//! the pool (to its fence queue unless a fence covers them).
+//!
+//! Note [stale kept blocks]: a thread that stops allocating the sizes it kept (a loop of
+//! 512 B pairs, then one of 1 MiB pairs) would hold those blocks until the pool grows, and
+//! they split the segments they lie in: the 1 MiB loop then found one 1 MiB place in its
+//! 2 MiB segment instead of two, and needed a fence for every pair instead of every second
+//! (the preload's 1 MiB pair after 512 B ones: 1.30-1.46 µs against 0.86-0.95 µs on an H100,
+//! docs/BENCHMARKS.md). After [`STALE_AFTER_MISSES`] streamless allocations in a row that
+//! they did not serve, the kept blocks go back to the pool, where they merge.
 
 use super::super::block::{BlockIdx, Place, NIL};
 use super::super::size_class::class_of;
 use super::super::{pool_by_index, DevicePool, BLOCKS, SMALL_MAX, STREAMLESS};
+use super::thread_counters;
 use super::{Limits, ThreadCache};
-use crate::backend::EventHandle;
 
 /// Most streamless frees a kept batch holds; it closes after `fence_batch` of them (one
 /// context fence, and one pool lock, per batch).
 pub const KEPT_BATCH: usize = 64;
+/// Largest block a thread keeps. A batch must hold several blocks to share a fence: a
+/// larger block fills half of [`KEPT_CLOSE_BYTES`] alone, so its batch would close at once,
+/// one fence per free, which the pool's own path does better (Note [lone fences]): the
+/// preload's 1 MiB pair took 576-579 ns kept against 447-453 ns through the pool on an H100
+/// (docs/BENCHMARKS.md).
+const KEPT_MAX_BLOCK: u64 = KEPT_CLOSE_BYTES / 4;
+/// Streamless allocations in a row that the kept blocks did not serve, after which the
+/// thread gives them back (Note [stale kept blocks]).
+const STALE_AFTER_MISSES: u32 = 64;
+/// Bytes after which a kept batch closes: half of what a thread may keep, so that a batch
+/// of large blocks closes (and can become ready) before the thread runs out of room and
+/// its frees go to the pool (measured in docs/BENCHMARKS.md: with a count alone, 14% of a
+/// loop's allocations missed).
+const KEPT_CLOSE_BYTES: u64 = KEPT_MAX_BYTES / 2;
 /// Most bytes a thread keeps in batches and ready bins: a small segment's worth, so that
 /// the blocks it holds back from merging never cost the pool a segment (measured in
 /// `docs/BENCHMARKS.md`: more let the replays' footprint grow).
@@ -41,11 +65,12 @@ pub(super) struct Ready {
 #[derive(Copy, Clone)]
 pub(super) struct Kept {
     pub(super) live: bool,
-    /// Closed: full, its fence asked for; no more blocks join it.
+    /// Closed: full, its ticket taken; no more blocks join it.
     pub(super) closed: bool,
     pub(super) pool: u16,
-    /// Its context fence once closed ([`DevicePool::record_thread_fence`]); 0 for none.
-    pub(super) fence: u64,
+    /// Once closed, the shared thread fence that covers it
+    /// ([`DevicePool::thread_fence_ticket`]).
+    pub(super) need: u64,
     /// When it was opened (this cache's tick): the oldest goes back first.
     pub(super) opened: u64,
     pub(super) len: u32,
@@ -58,7 +83,7 @@ impl Kept {
         live: false,
         closed: false,
         pool: 0,
-        fence: 0,
+        need: 0,
         opened: 0,
         len: 0,
         bytes: 0,
@@ -90,7 +115,7 @@ impl ThreadCache {
         // Note [lone fences] in the pool module handles (a second copy instead of a fence
         // per reuse), and large programs' buffers are few.
         let on = self.limits.enabled && self.limits.streamless;
-        if size > SMALL_MAX.min(self.limits.max_block) || !on {
+        if size > KEPT_MAX_BLOCK.min(self.limits.max_block) || !on {
             return false;
         }
         self.check_flush_request();
@@ -134,10 +159,28 @@ impl ThreadCache {
         b.len += 1;
         b.bytes += size;
         self.bytes += size;
-        if b.len as usize >= self.limits.batch {
+        thread_counters(pool.index).keep_unfenced(size as i64);
+        let full = b.len as usize >= self.limits.batch || b.bytes >= KEPT_CLOSE_BYTES;
+        // Early, while no batch of this pool waits for its fence: so that the fence runs
+        // while the thread still has ready blocks, rather than from its next miss on.
+        if full || (self.closable(k) && !self.awaiting_fence(pool.index)) {
             self.close_kept(k, pool);
         }
         true
+    }
+
+    /// Whether the open batch `k` holds enough to close before it is full: a quarter of
+    /// `fence_batch` frees or of [`KEPT_MAX_BYTES`].
+    fn closable(&self, k: usize) -> bool {
+        let b = &self.kept[k];
+        b.len as usize >= self.limits.batch.div_ceil(4) || b.bytes >= KEPT_CLOSE_BYTES / 2
+    }
+
+    /// Whether a closed batch of `pool` has not been made ready yet.
+    fn awaiting_fence(&self, pool: u16) -> bool {
+        self.kept
+            .iter()
+            .any(|b| b.live && b.closed && b.pool == pool)
     }
 
     /// A block for a streamless allocation of at least `size` bytes from `pool`: from the
@@ -145,7 +188,38 @@ impl ThreadCache {
     #[inline]
     pub fn take_streamless(&mut self, pool: &DevicePool, size: u64) -> Option<BlockIdx> {
         let holds = self.ready.bytes > 0 || self.kept.iter().any(|b| b.live);
-        if size > SMALL_MAX || !holds {
+        if !holds {
+            return None;
+        }
+        let found = self.take_kept(pool, size);
+        if found.is_some() {
+            self.kept_misses = 0;
+        } else {
+            self.kept_misses += 1;
+            if self.kept_misses >= STALE_AFTER_MISSES {
+                // Note [stale kept blocks].
+                self.kept_misses = 0;
+                self.flush_streamless(pool.index);
+            }
+        }
+        found
+    }
+
+    /// Gives the blocks this thread keeps for `pool` back to it.
+    fn flush_streamless(&mut self, pool: u16) {
+        for k in 0..KEPT_BATCHES {
+            if self.kept[k].pool == pool {
+                self.flush_kept(k);
+            }
+        }
+        if self.ready.pool == pool {
+            self.flush_ready();
+        }
+    }
+
+    #[inline]
+    fn take_kept(&mut self, pool: &DevicePool, size: u64) -> Option<BlockIdx> {
+        if size > KEPT_MAX_BLOCK {
             return None;
         }
         self.check_flush_request();
@@ -153,19 +227,9 @@ impl ThreadCache {
         if let Some(idx) = self.pop_ready(pool.index, class, size) {
             return Some(idx);
         }
-        // Closed batches of this pool: their blocks become ready once their fence has
-        // completed (one query each).
-        let mut moved = false;
-        for k in 0..KEPT_BATCHES {
-            let b = self.kept[k];
-            let mine = b.live && b.closed && b.pool == pool.index && b.fence != 0;
-            if mine && pool.thread_fence_done(EventHandle(b.fence)) {
-                self.kept[k].fence = 0;
-                self.make_ready(k, pool);
-                moved = true;
-            }
-        }
-        if !moved {
+        // Closed batches of this pool: their blocks become ready once a shared fence
+        // covers them.
+        if !self.ready_covered(pool) {
             // A miss with a quarter batch kept: the batch closes now, so that the pool does
             // not grow (or take the blocks back before growing) while this thread holds
             // enough to serve itself once one fence completes.
@@ -173,22 +237,36 @@ impl ThreadCache {
                 let b = &self.kept[k];
                 b.live && !b.closed && b.pool == pool.index
             });
-            let quarter = self.limits.batch.div_ceil(4);
-            if let Some(k) = open.filter(|&k| self.kept[k].len as usize >= quarter) {
+            if let Some(k) = open.filter(|&k| self.closable(k)) {
                 self.close_kept(k, pool);
-                let fence = self.kept[k].fence;
-                if fence != 0 && pool.thread_fence_done(EventHandle(fence)) {
-                    self.kept[k].fence = 0;
-                    self.make_ready(k, pool);
-                    moved = true;
-                }
+            }
+            if !self.ready_covered(pool) {
+                return None;
             }
         }
-        if moved {
-            self.pop_ready(pool.index, class, size)
-        } else {
-            None
+        self.pop_ready(pool.index, class, size)
+    }
+
+    /// Moves this pool's closed batches that a completed shared fence covers to the ready
+    /// bins, first bringing the fences forward for the oldest (unless another thread is).
+    /// Returns whether any moved.
+    fn ready_covered(&mut self, pool: &DevicePool) -> bool {
+        let closed = |b: &Kept| b.live && b.closed && b.pool == pool.index;
+        let Some(oldest) = self.kept.iter().filter(|b| closed(b)).map(|b| b.need).min() else {
+            return false;
+        };
+        if !pool.thread_fence_covers(oldest) && !pool.advance_thread_fences(oldest) {
+            return false;
         }
+        let mut moved = false;
+        for k in 0..KEPT_BATCHES {
+            let b = &self.kept[k];
+            if closed(b) && pool.thread_fence_covers(b.need) {
+                self.make_ready(k, pool);
+                moved = true;
+            }
+        }
+        moved
     }
 
     #[inline]
@@ -215,11 +293,14 @@ impl ThreadCache {
         self.ready.bytes + self.kept.iter().map(|b| b.bytes).sum::<u64>()
     }
 
-    /// Closes the open batch `k`: no more blocks join it, and a context fence recorded now
-    /// covers its frees.
+    /// Closes the open batch `k`: no more blocks join it, and it takes a ticket of the
+    /// shared thread fences, asking for a fence to be recorded now unless another thread
+    /// is doing that.
     fn close_kept(&mut self, k: usize, pool: &DevicePool) {
+        let need = pool.thread_fence_ticket();
         self.kept[k].closed = true;
-        self.kept[k].fence = pool.record_thread_fence().map_or(0, |ev| ev.0);
+        self.kept[k].need = need;
+        pool.advance_thread_fences(need);
     }
 
     /// Moves the blocks of the covered batch `k` to the ready bins (first giving the bins
@@ -231,6 +312,7 @@ impl ThreadCache {
         self.ready.pool = pool.index;
         let b = self.kept[k];
         self.kept[k] = Kept::EMPTY;
+        thread_counters(pool.index).keep_unfenced(-(b.bytes as i64));
         let mut overflow = [NIL; KEPT_BATCH];
         let mut n = 0;
         for &idx in &b.items[..b.len as usize] {
@@ -280,11 +362,9 @@ impl ThreadCache {
         }
         self.kept[k] = Kept::EMPTY;
         self.bytes -= b.bytes;
+        thread_counters(b.pool).keep_unfenced(-(b.bytes as i64));
         if let Some(p) = pool_by_index(b.pool) {
-            let covered = b.fence != 0 && p.thread_fence_done(EventHandle(b.fence));
-            if b.fence != 0 && !covered {
-                p.drop_thread_fence(EventHandle(b.fence));
-            }
+            let covered = b.closed && p.thread_fence_covers(b.need);
             // SAFETY: the blocks leave this thread's cache for the pool.
             unsafe { p.take_kept(&b.items[..b.len as usize], covered) };
         }

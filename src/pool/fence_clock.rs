@@ -119,11 +119,6 @@ impl FenceClock {
         self.done.load(Acquire) >= need
     }
 
-    /// The number of the newest fence known complete.
-    pub fn done(&self) -> u64 {
-        self.done.load(Acquire)
-    }
-
     /// Brings the clock forward for ticket `need`: retires the fences that completed and,
     /// when no fence recorded yet covers `need` and fewer than [`MAX_IN_FLIGHT`] are
     /// outstanding, records one (and asks once whether it completed already). With
@@ -167,12 +162,7 @@ impl FenceClock {
         }
     }
 
-    /// Fences recorded and not known complete now.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.lock().len
-    }
-
-    /// The number of the newest fence begun (for tests and stats).
+    /// The number of the newest fence begun (the model check's device reads it).
     pub fn started(&self) -> u64 {
         self.started.load(Relaxed)
     }

@@ -4,7 +4,7 @@
 use super::block::{BlockIdx, Place, NIL};
 use super::fence_clock::{Fence, FenceRecorder};
 use super::fences::Advance;
-use super::{DevicePool, Shared, StreamRef, BLOCKS, STREAMLESS};
+use super::{DevicePool, Shared, StreamRef, BACKEND_OFF, BLOCKS, STREAMLESS};
 use crate::backend::EventHandle;
 use crate::config::{self, Key};
 use core::sync::atomic::Ordering;
@@ -158,6 +158,7 @@ impl DevicePool {
             .thread_clock
             .advance(need, false, &ThreadFences(self))
     }
+
     /// Blocks a thread kept after freeing them without a stream come back (Note [thread
     /// fences] in `thread_cache.rs`): with `covered` (their fence completed) to the shared
     /// index; otherwise to the fence queue, stamped now (a later fence than they need,
@@ -215,14 +216,21 @@ impl FenceRecorder for ThreadFences<'_> {
         }
     }
 
+    /// Not after the backend is off (exit, fork child): no driver call then.
     fn completed(&self, fence: Fence) -> bool {
         let pool = self.0;
+        if BACKEND_OFF.load(Ordering::Relaxed) {
+            return false;
+        }
         pool.backend
             .event_completed(pool.ctx.id, EventHandle(fence))
             .unwrap_or(false)
     }
 
     fn recycle(&self, fence: Fence) {
+        if BACKEND_OFF.load(Ordering::Relaxed) {
+            return;
+        }
         self.0
             .backend
             .recycle_event(self.0.ctx.id, EventHandle(fence));

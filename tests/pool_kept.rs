@@ -84,7 +84,9 @@ fn a_kept_block_is_not_reused_before_its_fence_completes() {
         for &p in &first {
             rt.free(p).unwrap();
         }
-        let during: Vec<u64> = (0..16).map(|_| rt.alloc(4096).unwrap()).collect();
+        // Fewer misses than the 16 in a row after which kept blocks go back to the pool
+        // (Note [stale kept blocks]).
+        let during: Vec<u64> = (0..8).map(|_| rt.alloc(4096).unwrap()).collect();
         for p in &during {
             assert!(
                 !first.contains(p),

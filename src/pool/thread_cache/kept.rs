@@ -16,7 +16,10 @@
 //! 2 MiB segment instead of two, and needed a fence for every pair instead of every second
 //! (the preload's 1 MiB pair after 512 B ones: 1.30-1.46 µs against 0.86-0.95 µs on an H100,
 //! docs/BENCHMARKS.md). After [`STALE_AFTER_MISSES`] streamless allocations in a row that
-//! they did not serve, the kept blocks go back to the pool, where they merge.
+//! they did not serve, the kept blocks go back to the pool, where they merge. 16 rather
+//! than 64: with 64, a kept block of `streamless_behind` made the pool grow one more small
+//! segment (host replay 95.14% → 94.77%); with 16 every corpus trace stays at ≥ 95% at lag
+//! 0, and PyTorch's steps under the preload took the same time (docs/BENCHMARKS.md).
 
 use super::super::block::{BlockIdx, Place, NIL};
 use super::super::size_class::class_of;
@@ -35,7 +38,7 @@ pub const KEPT_BATCH: usize = 64;
 const KEPT_MAX_BLOCK: u64 = KEPT_CLOSE_BYTES / 4;
 /// Streamless allocations in a row that the kept blocks did not serve, after which the
 /// thread gives them back (Note [stale kept blocks]).
-const STALE_AFTER_MISSES: u32 = 64;
+const STALE_AFTER_MISSES: u32 = 16;
 /// Bytes after which a kept batch closes: half of what a thread may keep, so that a batch
 /// of large blocks closes (and can become ready) before the thread runs out of room and
 /// its frees go to the pool (measured in docs/BENCHMARKS.md: with a count alone, 14% of a

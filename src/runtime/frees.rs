@@ -63,7 +63,7 @@ impl Runtime {
                 };
                 taken.to_stream(cache, s);
             } else {
-                taken.to_fence_or_keep(cache);
+                taken.to_fence_or_keep(cache, c);
             }
             freed
         })

@@ -22,6 +22,7 @@
 //! 0, and PyTorch's steps under the preload took the same time (docs/BENCHMARKS.md).
 
 use super::super::block::{BlockIdx, Place, NIL};
+use super::super::counters::ThreadCounters;
 use super::super::size_class::class_of;
 use super::super::{pool_by_index, DevicePool, BLOCKS, SMALL_MAX, STREAMLESS};
 use super::thread_counters;
@@ -108,9 +109,16 @@ impl Ready {
 impl ThreadCache {
     /// Keeps a block freed without a stream (Note [thread fences]); returns false (and
     /// keeps nothing) when the cache is off for this block or full: then the caller gives
-    /// it to the pool's fence queue.
+    /// it to the pool's fence queue. `c` is the calling thread's counters for `pool` (the
+    /// caller has them at hand: no second thread-local lookup on the free path).
     #[inline]
-    pub fn put_streamless(&mut self, pool: &DevicePool, idx: BlockIdx, size: u64) -> bool {
+    pub fn put_streamless(
+        &mut self,
+        pool: &DevicePool,
+        c: &ThreadCounters,
+        idx: BlockIdx,
+        size: u64,
+    ) -> bool {
         if self.limits.generation != crate::config::generation() {
             self.limits = Limits::read();
         }
@@ -162,7 +170,7 @@ impl ThreadCache {
         b.len += 1;
         b.bytes += size;
         self.bytes += size;
-        thread_counters(pool.index).keep_unfenced(size as i64);
+        c.keep_unfenced(size as i64);
         let full = b.len as usize >= self.limits.batch || b.bytes >= KEPT_CLOSE_BYTES;
         // Early, while no batch of this pool waits for its fence: so that the fence runs
         // while the thread still has ready blocks, rather than from its next miss on.

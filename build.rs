@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 /// The files that declare everything the header shows: the exports, the status enum and
 /// the stats struct. Parsing only these (not the whole crate) keeps unrelated `pub const`s
 /// of the pool out of the public header.
-const HEADER_SOURCES: [&str; 9] = [
+const HEADER_SOURCES: [&str; 10] = [
     "src/ffi.rs",
     "src/ffi/capture.rs",
     "src/ffi/cupy.rs",
     "src/ffi/device.rs",
+    "src/ffi/ipc.rs",
     "src/ffi/pinned.rs",
     "src/ffi/torch.rs",
     "src/status.rs",

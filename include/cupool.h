@@ -211,6 +211,14 @@ typedef struct {
 } cupool_stats;
 
 /**
+ * An IPC handle: 64 bytes, laid out as CUDA's `cudaIpcMemHandle_t` / `CUipcMemHandle`, so
+ * that it can travel wherever those do.
+ */
+typedef struct {
+  uint8_t reserved[64];
+} cupool_ipc_handle;
+
+/**
  * Statistics of the pinned host memory pool (`cupool_host_alloc`, and `cudaHostAlloc` /
  * `cudaMallocHost` under the preload).
  *
@@ -662,6 +670,61 @@ cupool_status cupool_segments_json(int device, char *buf, size_t buf_len, size_t
 cupool_status cupool_reserve(int device, size_t bytes, size_t *taken_out);
 
 /**
+ * Writes to `*handle_out` an IPC handle for the block that contains `ptr`, which another
+ * process opens with `cupool_ipc_open_handle` at the block's start (an interior pointer
+ * names its whole block, as CUDA's handles name their whole allocation).
+ *
+ * - A block that is a whole driver allocation: the driver's own handle, which any
+ *   process opens, with cupool or with `cudaIpcOpenMemHandle`.
+ * - A block that shares its driver allocation, or a block of the VMM arena (`vmm:on`): a
+ *   cupool handle, which only a process with cupool opens (this API, or
+ *   `cudaIpcOpenMemHandle` under `libcupool_preload.so`); CUDA refuses it elsewhere, so
+ *   it never maps the wrong bytes. The importer can reach the block's whole driver
+ *   allocation (neighbours included), or for an arena block its chunks only. An arena
+ *   export needs `/dev/shm` and, in the importer, `pidfd_getfd` on the exporter.
+ * - A pointer that is no pool block: the driver's `cuIpcGetMemHandle`.
+ *
+ * An exported block's memory stays with the process until it exits, even after the
+ * block is freed and `cupool_empty_cache`. NULL `handle_out`:
+ * `CUPOOL_ERROR_INVALID_VALUE`; the driver's refusal: `CUPOOL_ERROR_INVALID_VALUE` for a
+ * pointer or handle it does not know, `CUPOOL_ERROR_CUDA` otherwise (the same for the two
+ * calls below); memory that cannot be exported, or no CUDA backend (the host backend has
+ * no IPC): `CUPOOL_ERROR_BACKEND_UNAVAILABLE`.
+ *
+ * # Safety
+ * `handle_out` is NULL or valid for writing one `cupool_ipc_handle`.
+ */
+cupool_status cupool_ipc_get_handle(cupool_ipc_handle *handle_out, const void *ptr);
+
+/**
+ * Maps the memory `handle` names (from `cupool_ipc_get_handle` in another process, or a
+ * driver handle from `cudaIpcGetMemHandle`) into the calling thread's current context and
+ * writes its start to `*ptr_out`. `flags` are `cudaIpcOpenMemHandle`'s
+ * (`cudaIpcMemLazyEnablePeerAccess` = 1); they apply to driver allocations. Opening the
+ * same handle again gives the same pointer; close each open with
+ * `cupool_ipc_close_handle`.
+ *
+ * NULL `ptr_out` or `handle`: `CUPOOL_ERROR_INVALID_VALUE`, as for a cupool handle whose
+ * exporter has exited or that it did not make; the system's refusal to hand over the
+ * exporter's memory descriptors: `CUPOOL_ERROR_BACKEND_UNAVAILABLE`.
+ *
+ * # Safety
+ * `ptr_out` is NULL or valid for writing one pointer; `handle` is NULL or valid for
+ * reading one `cupool_ipc_handle`.
+ */
+cupool_status cupool_ipc_open_handle(void **ptr_out, const cupool_ipc_handle *handle, unsigned int flags);
+
+/**
+ * Unmaps what `cupool_ipc_open_handle` mapped at `ptr` once every open of its handle is
+ * closed. A pointer it did not hand out goes to the driver's `cuIpcCloseMemHandle`; NULL:
+ * `CUPOOL_ERROR_INVALID_VALUE`.
+ *
+ * # Safety
+ * Any `ptr` value may be passed.
+ */
+cupool_status cupool_ipc_close_handle(void *ptr);
+
+/**
  * Allocates `size` bytes of page-locked (pinned) host memory from cupool's cache: memory
  * `cudaMemcpyAsync` copies from and to without staging, as from `cudaHostAlloc` with
  * `cudaHostAllocPortable | cudaHostAllocMapped`. It is usable from every device and
@@ -859,8 +922,10 @@ void cupool_torch_set_memory_fraction(double fraction, int device);
 void cupool_torch_record_stream(void *ptr, struct CUstream_st *stream);
 
 /**
- * PyTorch's `getBaseAllocation` (CUDA IPC shares whole driver allocations): the start of
- * the segment that holds the live block containing `ptr`, with the segment's size in
+ * PyTorch's `getBaseAllocation` (CUDA IPC shares what this names, and PyTorch adds the
+ * tensor's offset from it): for the live block containing `ptr`, the segment (driver
+ * allocation) that holds it, or with `vmm:on` the block itself when it lies in the VMM
+ * arena (exported chunk by chunk: Note [ipc of arena blocks]); its size goes to
  * `*size_out`. For a pointer cupool did not hand out, `ptr` itself, and `*size_out` is
  * left alone (what PyTorch does without this hook).
  *

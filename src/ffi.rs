@@ -15,6 +15,7 @@ mod boundary;
 pub mod capture;
 pub mod cupy;
 pub mod device;
+pub mod ipc;
 pub mod pinned;
 pub mod process_api;
 pub mod torch;

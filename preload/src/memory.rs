@@ -275,12 +275,6 @@ pub fn block_range(block: &BlockInfo, dptr: CuDevicePtr) -> (CuDevicePtr, u64) {
     }
 }
 
-/// Whether the block covers its whole driver allocation (so the segment's IPC handle is
-/// exactly the block's).
-pub fn is_whole_segment(block: &BlockInfo) -> bool {
-    block.ptr == block.segment_base && block.size >= block.segment_size
-}
-
 // ---- cuPointerGetAttribute(s) --------------------------------------------------------
 
 /// `cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)`:

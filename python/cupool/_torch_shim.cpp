@@ -5,7 +5,8 @@
 // - out of memory: the pluggable allocator hands a NULL pointer to the tensor; here it
 //   raises torch.OutOfMemoryError instead, as PyTorch's own allocator does;
 // - CUDA IPC of tensors (torch.multiprocessing): shareIpcHandle and getIpcDevPtr, which
-//   the pluggable allocator refuses ("does not yet support shareIPcHandle");
+//   the pluggable allocator refuses ("does not yet support shareIPcHandle"), over cupool's
+//   IPC calls where the driver's legacy IPC cannot describe the block (VMM memory);
 // - allocation and free without the pluggable allocator's per-block bookkeeping (a map
 //   entry under a mutex and a heap-allocated deleter context per tensor): a tensor's
 //   deleter is cupool_torch_delete with the block itself as its context, and cupool knows
@@ -41,9 +42,15 @@ using BaseAllocFn = void* (*)(void*, size_t*);
 using MemInfoFn = int (*)(int, size_t*, size_t*);
 // cupool_torch_delete: frees a block on the stream it was allocated on.
 using DeleteFn = void (*)(void*);
+// cupool_ipc_get_handle, cupool_ipc_open_handle, cupool_ipc_close_handle: 0 on success;
+// handles are 64 bytes laid out as cudaIpcMemHandle_t.
+using IpcGetFn = int (*)(cudaIpcMemHandle_t*, const void*);
+using IpcOpenFn = int (*)(void**, const cudaIpcMemHandle_t*, unsigned int);
+using IpcCloseFn = int (*)(void*);
 
 // Set once by install(), before the allocator hands out anything.
 DeleteFn g_delete = nullptr;
+IpcCloseFn g_ipc_close = nullptr;
 
 // Every block's deleter: its context is the block itself.
 void delete_block(void* ptr) {
@@ -51,8 +58,13 @@ void delete_block(void* ptr) {
 }
 
 struct CupoolAllocator final : Pluggable {
-  CupoolAllocator(AllocFn alloc, FreeFn free, MemInfoFn mem_info)
-      : Pluggable(alloc, free), alloc_(alloc), mem_info_(mem_info) {}
+  CupoolAllocator(AllocFn alloc, FreeFn free, MemInfoFn mem_info, IpcGetFn ipc_get,
+                  IpcOpenFn ipc_open)
+      : Pluggable(alloc, free),
+        alloc_(alloc),
+        mem_info_(mem_info),
+        ipc_get_(ipc_get),
+        ipc_open_(ipc_open) {}
 
   c10::DataPtr allocate(size_t size) override {
     c10::DeviceIndex device = -1;
@@ -105,24 +117,27 @@ struct CupoolAllocator final : Pluggable {
   }
 
   // CUDA IPC, in PyTorch's own handle format (version byte 2, type 'c' for a plain driver
-  // allocation, then the cudaIpcMemHandle_t), so that a consumer on PyTorch's own allocator
-  // opens it as well as one on cupool. `ptr` is what getBaseAllocation answered: with
-  // vmm:off the driver allocation (segment) the block lives in, so the handle maps the
-  // whole segment and the offset PyTorch adds finds the block. With vmm:on blocks above
-  // 1 MiB are VMM memory, which legacy CUDA IPC cannot export: a clear error, unless the
-  // process runs under libcupool_preload.so, whose cudaIpcGetMemHandle exports them.
+  // allocation, then the 64-byte handle). `ptr` is what getBaseAllocation answered: with
+  // vmm:off the driver allocation (segment) the block lives in, whose driver handle any
+  // consumer opens, cupool or PyTorch's own allocator, and the offset PyTorch adds finds the
+  // block. With vmm:on a block above 1 MiB is VMM memory, which legacy CUDA IPC cannot
+  // export: getBaseAllocation names the block itself and cupool_ipc_get_handle makes a
+  // cupool handle of it (its memory's file descriptors; Note [ipc of arena blocks]), which a
+  // consumer on cupool opens (this shim, or the preload's cudaIpcOpenMemHandle); PyTorch's
+  // own allocator refuses it with CUDA's invalid-argument error and maps nothing.
   c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override {
     cudaIpcMemHandle_t h;
     cudaError_t err = cudaIpcGetMemHandle(&h, ptr);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();  // not sticky: clear it for PyTorch's later checks
-      std::string message =
-          std::string("cupool: cannot share this CUDA tensor with another process (") +
-          cudaGetErrorName(err) +
-          "): with vmm:on, blocks above 1 MiB are VMM memory, which legacy CUDA IPC "
-          "cannot export. Call cupool.torch.enable(vmm=False), or run both processes "
-          "under libcupool_preload.so.";
-      TORCH_CHECK(false, message);
+      int status = ipc_get_(&h, ptr);
+      if (status != 0) {
+        std::string message =
+            std::string("cupool: cannot share this CUDA tensor with another process (") +
+            cudaGetErrorName(err) + ", then cupool_ipc_get_handle status " +
+            std::to_string(status) + ")";
+        TORCH_CHECK(false, message);
+      }
     }
     std::string handle;
     handle.push_back(kHandleVersion);
@@ -132,8 +147,9 @@ struct CupoolAllocator final : Pluggable {
   }
 
   // Opens a handle of shareIpcHandle's format (or PyTorch's 'c' handles, the same, or a
-  // bare cudaIpcMemHandle_t of older PyTorch). One mapping per handle while any storage
-  // uses it: CUDA opens a handle once per context.
+  // bare cudaIpcMemHandle_t of older PyTorch), through cupool_ipc_open_handle, which opens
+  // cupool's handles and hands the driver's to cudaIpcOpenMemHandle's driver call. One
+  // mapping per handle while any storage uses it: CUDA opens a handle once per context.
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
     const char* raw = nullptr;
     if (handle.size() == 2 + sizeof(cudaIpcMemHandle_t) && handle[0] == kHandleVersion &&
@@ -146,8 +162,8 @@ struct CupoolAllocator final : Pluggable {
       // One std::string, no stream inserters (see allocate above).
       std::string message = "cupool: cannot open this CUDA IPC handle (" +
                             std::to_string(handle.size()) +
-                            " bytes): only plain driver allocations ('c' handles) are "
-                            "supported, not PyTorch's expandable segments";
+                            " bytes): only plain driver allocations and cupool's handles "
+                            "('c' handles) are supported, not PyTorch's expandable segments";
       TORCH_CHECK(false, message);
     }
     std::lock_guard<std::mutex> guard(ipc_mutex_);
@@ -158,11 +174,12 @@ struct CupoolAllocator final : Pluggable {
     cudaIpcMemHandle_t h;
     std::memcpy(&h, raw, sizeof h);
     void* dev = nullptr;
-    cudaError_t err = cudaIpcOpenMemHandle(&dev, h, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) {
+    int status = ipc_open_(&dev, &h, cudaIpcMemLazyEnablePeerAccess);
+    if (status != 0) {
       (void)cudaGetLastError();
-      TORCH_CHECK(false, std::string("cupool: cudaIpcOpenMemHandle failed: ") +
-                             cudaGetErrorName(err));
+      TORCH_CHECK(false, "cupool: cupool_ipc_open_handle failed with status " +
+                             std::to_string(status) +
+                             " (the exporter has exited, or the system refused its memory)");
     }
     int device = 0;
     (void)cudaGetDevice(&device);
@@ -170,7 +187,7 @@ struct CupoolAllocator final : Pluggable {
       int current = 0;
       (void)cudaGetDevice(&current);
       (void)cudaSetDevice(device);
-      (void)cudaIpcCloseMemHandle(p);
+      (void)g_ipc_close(p);
       (void)cudaSetDevice(current);
     });
     opened_[handle] = sp;
@@ -190,6 +207,8 @@ struct CupoolAllocator final : Pluggable {
   static constexpr char kCudaMallocHandle = 'c';
   AllocFn alloc_;
   MemInfoFn mem_info_;
+  IpcGetFn ipc_get_;
+  IpcOpenFn ipc_open_;
   std::mutex ipc_mutex_;
   std::unordered_map<std::string, std::weak_ptr<void>> opened_;
 };
@@ -203,12 +222,15 @@ F fn(uintptr_t address) {
 // (0: leave that hook unset).
 void install(uintptr_t alloc, uintptr_t free, uintptr_t init, uintptr_t reset,
              uintptr_t fraction, uintptr_t record_stream, uintptr_t base_alloc,
-             uintptr_t mem_info, uintptr_t delete_fn) {
-  TORCH_CHECK(alloc && free && mem_info && delete_fn,
-              "cupool shim: alloc, free, mem_info and delete are needed");
+             uintptr_t mem_info, uintptr_t delete_fn, uintptr_t ipc_get, uintptr_t ipc_open,
+             uintptr_t ipc_close) {
+  TORCH_CHECK(alloc && free && mem_info && delete_fn && ipc_get && ipc_open && ipc_close,
+              "cupool shim: alloc, free, mem_info, delete and the ipc calls are needed");
   g_delete = fn<DeleteFn>(delete_fn);
+  g_ipc_close = fn<IpcCloseFn>(ipc_close);
   auto a = std::make_shared<CupoolAllocator>(fn<AllocFn>(alloc), fn<FreeFn>(free),
-                                             fn<MemInfoFn>(mem_info));
+                                             fn<MemInfoFn>(mem_info), fn<IpcGetFn>(ipc_get),
+                                             fn<IpcOpenFn>(ipc_open));
   if (init) a->set_init_fn(fn<InitFn>(init));
   if (reset) a->set_reset_fn(fn<ResetFn>(reset));
   if (fraction) a->set_memory_fraction_fn(fn<FractionFn>(fraction));

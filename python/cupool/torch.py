@@ -86,8 +86,10 @@ def enable(shim: bool | None = None, vmm: bool | None = None) -> None:
     ``expandable_segments`` at PyTorch's own step time on variable-shape training
     (docs/BENCHMARKS.md). ``None`` (the default): on, unless ``CUPOOL_CONF`` sets ``vmm``.
     ``False``: plain segments. ``torch.multiprocessing`` shares CUDA tensors through the
-    shim with ``vmm=False`` (legacy CUDA IPC does not work on VMM memory: with ``vmm:on``
-    sharing a block above 1 MiB raises a RuntimeError that says so)."""
+    shim: with ``vmm=False`` in PyTorch's own handle format, which a consumer on PyTorch's
+    allocator opens too; with ``vmm:on`` a block above 1 MiB (VMM memory, which legacy CUDA
+    IPC cannot export) travels as a cupool handle, which a consumer on cupool opens (this
+    shim, or the preload) and PyTorch's own allocator refuses with a CUDA error."""
     global _allocator
     import torch  # noqa: PLC0415 - torch is optional: imported only here
 
@@ -185,6 +187,9 @@ def _install_shim(torch: Any) -> Any:
         _lib.function_address(hooks["set_base_alloc_fn"]),
         _lib.function_address("cupool_mem_get_info"),
         _lib.function_address("cupool_torch_delete"),
+        _lib.function_address("cupool_ipc_get_handle"),
+        _lib.function_address("cupool_ipc_open_handle"),
+        _lib.function_address("cupool_ipc_close_handle"),
     )
     return module
 

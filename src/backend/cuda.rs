@@ -22,9 +22,9 @@ use core::ffi::c_int;
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicBool, Ordering};
 
-use cudarc::driver::sys::{CUcontext, CUevent, CUstream};
+use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUevent, CUstream};
 
-use super::driver::{check, code, driver, required, DriverApi};
+use super::driver::{check, code, driver, required, DriverApi, IpcMemHandle};
 use super::{
     Backend, BackendError, BackendResult, ContextId, ContextInfo, DevicePtr, EventHandle, HostPtr,
     StreamHandle, StreamId,
@@ -419,6 +419,28 @@ impl Backend for CudaBackend {
 
     fn unmap_physical(&self, ctx: ContextId, ptr: DevicePtr, bytes: u64) -> BackendResult<()> {
         self.vmm_unmap_physical(ctx, ptr, bytes)
+    }
+
+    fn ipc_get_handle(&self, ptr: DevicePtr) -> BackendResult<[u8; 64]> {
+        let get = required(self.api.ipc_get_mem_handle)?;
+        let mut handle = IpcMemHandle { reserved: [0; 64] };
+        // SAFETY: a valid out-parameter; the driver checks the pointer.
+        check(unsafe { get(&mut handle, ptr) })?;
+        Ok(handle.reserved)
+    }
+
+    fn ipc_open(&self, handle: [u8; 64], flags: u32) -> BackendResult<DevicePtr> {
+        let open = required(self.api.ipc_open_mem_handle)?;
+        let mut ptr: CUdeviceptr = 0;
+        // SAFETY: a valid out-parameter; the driver checks the handle.
+        check(unsafe { open(&mut ptr, IpcMemHandle { reserved: handle }, flags) })?;
+        Ok(ptr)
+    }
+
+    fn ipc_close(&self, ptr: DevicePtr) -> BackendResult<()> {
+        let close = required(self.api.ipc_close_mem_handle)?;
+        // SAFETY: the driver checks the pointer.
+        check(unsafe { close(ptr) })
     }
 
     fn set_peer_access(&self, owner: ContextId, device: i32, enabled: bool) {

@@ -152,6 +152,13 @@ pub struct MemAccessDesc {
     pub flags: c_int,
 }
 
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value to `cuIpcOpenMemHandle`.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct IpcMemHandle {
+    pub reserved: [u8; 64],
+}
+
 /// The driver functions cupool calls. Each is the variant named in its comment.
 pub struct DriverApi {
     /// `cuGetProcAddress_v2` (CUDA >= 12.0); `None` on older drivers.
@@ -226,6 +233,14 @@ pub struct DriverApi {
     /// `cuMemImportFromShareableHandle(handle, os_handle, handle_type)`.
     pub mem_import_from_shareable_handle:
         Option<unsafe extern "C" fn(*mut u64, *mut c_void, c_int) -> CuResult>,
+    /// `cuIpcGetMemHandle(handle, dptr)`: legacy IPC of a driver allocation.
+    pub ipc_get_mem_handle:
+        Option<unsafe extern "C" fn(*mut IpcMemHandle, CUdeviceptr) -> CuResult>,
+    /// `cuIpcOpenMemHandle_v2(pdptr, handle, flags)`; the handle goes by value.
+    pub ipc_open_mem_handle:
+        Option<unsafe extern "C" fn(*mut CUdeviceptr, IpcMemHandle, c_uint) -> CuResult>,
+    /// `cuIpcCloseMemHandle(dptr)`.
+    pub ipc_close_mem_handle: Option<unsafe extern "C" fn(CUdeviceptr) -> CuResult>,
     /// `cuMemHostAlloc(pp, bytesize, flags)`: page-locked host memory (the pinned pool's
     /// chunks).
     pub mem_host_alloc: Option<unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult>,
@@ -361,6 +376,9 @@ fn load() -> BackendResult<DriverApi> {
         mem_set_access: None,
         mem_export_to_shareable_handle: None,
         mem_import_from_shareable_handle: None,
+        ipc_get_mem_handle: None,
+        ipc_open_mem_handle: None,
+        ipc_close_mem_handle: None,
         mem_host_alloc: None,
         mem_free_host: None,
     };
@@ -401,6 +419,9 @@ fn load() -> BackendResult<DriverApi> {
     api.mem_set_access = resolve!(api, c"cuMemSetAccess", 10020);
     api.mem_export_to_shareable_handle = resolve!(api, c"cuMemExportToShareableHandle", 10020);
     api.mem_import_from_shareable_handle = resolve!(api, c"cuMemImportFromShareableHandle", 10020);
+    api.ipc_get_mem_handle = resolve!(api, c"cuIpcGetMemHandle", 4010);
+    api.ipc_open_mem_handle = resolve!(api, c"cuIpcOpenMemHandle", 11000);
+    api.ipc_close_mem_handle = resolve!(api, c"cuIpcCloseMemHandle", 4010);
     api.mem_host_alloc = resolve!(api, c"cuMemHostAlloc", 2020);
     api.mem_free_host = resolve!(api, c"cuMemFreeHost", 2000);
     Ok(api)

@@ -192,6 +192,23 @@ pub trait Backend: Send + Sync + 'static {
         Err(BackendError::Unavailable)
     }
 
+    /// The driver's legacy IPC handle (`cuIpcGetMemHandle`) of the allocation `ptr` lies
+    /// in, asked in the calling thread's current context.
+    fn ipc_get_handle(&self, _ptr: DevicePtr) -> BackendResult<[u8; 64]> {
+        Err(BackendError::Unavailable)
+    }
+
+    /// Maps an allocation of another process by its legacy IPC handle in the calling
+    /// thread's current context (`cuIpcOpenMemHandle_v2`; `flags` are the driver's).
+    fn ipc_open(&self, _handle: [u8; 64], _flags: u32) -> BackendResult<DevicePtr> {
+        Err(BackendError::Unavailable)
+    }
+
+    /// Unmaps what [`Backend::ipc_open`] mapped (`cuIpcCloseMemHandle`).
+    fn ipc_close(&self, _ptr: DevicePtr) -> BackendResult<()> {
+        Err(BackendError::Unavailable)
+    }
+
     /// Records that `device` may (`enabled`) or may no longer reach memory of the context
     /// `owner` (a program enabled or disabled peer access from a context of `device` to
     /// `owner`): every later [`Backend::map_physical`] in `owner` also grants `device`

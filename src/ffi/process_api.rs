@@ -16,9 +16,10 @@
 //! The public `dlsym` may be the preload library's hook, so the lookup goes through glibc's
 //! own `dlsym` ([`crate::dl`], Note [real dlsym]).
 
+use super::ipc::CupoolIpcHandle;
 use super::{CUstream_st, CupoolStatus};
 use crate::stats::{CupoolHostStats, CupoolStats};
-use core::ffi::{c_char, c_int, c_void};
+use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::ptr;
 use core::sync::atomic::{AtomicPtr, Ordering};
 
@@ -67,6 +68,15 @@ pub struct ProcessApiV1 {
     pub host_empty_cache: unsafe extern "C" fn(*mut usize) -> CupoolStatus,
     /// Appended: read only when `size` is at least [`SIZE_WITH_FREE_IN_ORDER`].
     pub free_in_allocation_order: Option<unsafe extern "C" fn(*mut c_void) -> CupoolStatus>,
+    /// Appended with the IPC calls (an owner's table is never smaller than this copy's).
+    pub ipc_get_handle:
+        Option<unsafe extern "C" fn(*mut CupoolIpcHandle, *const c_void) -> CupoolStatus>,
+    pub ipc_open_handle: Option<
+        unsafe extern "C" fn(*mut *mut c_void, *const CupoolIpcHandle, c_uint) -> CupoolStatus,
+    >,
+    pub ipc_close_handle: Option<unsafe extern "C" fn(*mut c_void) -> CupoolStatus>,
+    pub shareable_range:
+        Option<unsafe extern "C" fn(*const c_void, *mut *mut c_void, *mut usize) -> CupoolStatus>,
 }
 
 /// The table's size once `free_in_allocation_order` was appended.
@@ -107,6 +117,10 @@ static OWN_API: ProcessApiV1 = ProcessApiV1 {
     host_reset_peak_stats: super::pinned::cupool_host_reset_peak_stats,
     host_empty_cache: super::pinned::cupool_host_empty_cache,
     free_in_allocation_order: Some(super::cupool_free_in_allocation_order),
+    ipc_get_handle: Some(super::ipc::cupool_ipc_get_handle),
+    ipc_open_handle: Some(super::ipc::cupool_ipc_open_handle),
+    ipc_close_handle: Some(super::ipc::cupool_ipc_close_handle),
+    shareable_range: Some(super::ipc::shareable_range),
 };
 
 /// This copy's table, for the other copies of cupool in the process. Not in the header.

@@ -326,8 +326,10 @@ pub unsafe extern "C" fn cupool_torch_record_stream(ptr: *mut c_void, stream: *m
     })
 }
 
-/// PyTorch's `getBaseAllocation` (CUDA IPC shares whole driver allocations): the start of
-/// the segment that holds the live block containing `ptr`, with the segment's size in
+/// PyTorch's `getBaseAllocation` (CUDA IPC shares what this names, and PyTorch adds the
+/// tensor's offset from it): for the live block containing `ptr`, the segment (driver
+/// allocation) that holds it, or with `vmm:on` the block itself when it lies in the VMM
+/// arena (exported chunk by chunk: Note [ipc of arena blocks]); its size goes to
 /// `*size_out`. For a pointer cupool did not hand out, `ptr` itself, and `*size_out` is
 /// left alone (what PyTorch does without this hook).
 ///
@@ -341,7 +343,7 @@ pub unsafe extern "C" fn cupool_torch_base_allocation(
     hook(ptr, || {
         let mut base = null_mut();
         let mut size = 0usize;
-        if cupool_segment_of(ptr, &mut base, &mut size) != CupoolOk {
+        if super::ipc::shareable_range(ptr, &mut base, &mut size) != CupoolOk {
             return ptr;
         }
         if !size_out.is_null() {

@@ -15,6 +15,13 @@ pub struct ArenaExport {
 }
 
 impl DevicePool {
+    /// Whether `ptr` lies in this pool's VMM arena (whose blocks are exported one by one,
+    /// not by their segment).
+    pub fn arena_contains(&self, ptr: u64) -> bool {
+        let sh = self.shared.lock();
+        sh.arena.as_ref().is_some_and(|a| a.contains(ptr))
+    }
+
     /// Exports the arena block `[ptr, ptr + size)` (a live block of this pool). Its chunks
     /// stay mapped where they are for good; each is exported once, and its descriptor is
     /// kept open for the life of the process. `None` when `ptr` is not in the arena;

@@ -2,50 +2,35 @@
 //!
 //! Note [ipc of arena blocks]: the driver refuses legacy IPC on memory from `cuMemCreate`,
 //! and an arena block is backed by one or more chunks of such memory (Note [chunks] in
-//! `cupool::pool::arena`). The exporter therefore exports each chunk under the block as a
-//! POSIX file descriptor (kept open, the chunk kept in place for good: Note [exported
-//! chunks]) and writes one registry record with the block's offset in the first chunk and
-//! the chunk count, followed by records of (descriptor, bytes) pairs. The tagged handle
-//! says `Kind::Arena`. An importer under cupool reads the records, takes copies of the
+//! `pool/arena`). The exporter therefore exports each chunk under the block as a POSIX file
+//! descriptor (kept open, the chunk kept in place for good: Note [exported chunks]) and
+//! writes one registry record with the block's offset in the first chunk and the chunk
+//! count, followed by records of (descriptor, bytes) pairs. The tagged handle says
+//! `Kind::Arena`. An importer under cupool reads the records, takes copies of the
 //! descriptors from the exporter with `pidfd_getfd` (Linux 5.6 or later), and maps the
 //! chunks back to back in a range of its own, readable and writable by its current
 //! device; opening the same handle again returns the same pointer, counted, and the last
-//! `cuIpcCloseMemHandle` unmaps it.
+//! close unmaps it.
 //!
 //! `pidfd_getfd` needs the right to ptrace the exporter. Where Yama allows only ancestors
 //! to do that (`kernel.yama.ptrace_scope = 1`, so a worker could not import from the
 //! process that started it), the exporter declares any process of its user a permitted
 //! tracer (`PR_SET_PTRACER_ANY`) at its first arena export: the same-user rule still holds.
 //! Where the system forbids it altogether (scope 2 or 3, or a seccomp filter), the import
-//! fails with `CUDA_ERROR_NOT_SUPPORTED` and one line saying why.
+//! fails with [`BackendError::Unavailable`] (`CUDA_ERROR_NOT_SUPPORTED` under the
+//! interposer) and one line saying why.
 
-use super::{append_bytes, nonce, read_records, Kind, Tagged, RECORD_BYTES};
-use crate::cuda::*;
-use crate::lifecycle;
-use core::ffi::c_void;
-use cupool::runtime::ipc::{ArenaExport, BackendError, Imported};
-use cupool::runtime::BlockInfo;
+use super::registry::{append_bytes, read_records, Kind, Tagged, RECORD_BYTES};
+use super::{ArenaExport, Imported};
+use crate::backend::{BackendError, BackendResult, DevicePtr};
+use crate::runtime::{BlockInfo, Runtime};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Mutex;
 
-const CUDA_ERROR_NOT_SUPPORTED: CuResult = 801;
-const CUDA_ERROR_DEINITIALIZED: CuResult = 4;
 /// Bytes of one (descriptor, bytes) entry; entries fill the records after the header.
 const ENTRY_BYTES: usize = 16;
 /// More chunks than this under one block is not a record this code wrote.
 const MAX_CHUNKS: u32 = 1 << 16;
-
-/// The CUDA status for a failed pool or driver step.
-pub(super) fn code_of(e: BackendError) -> CuResult {
-    match e {
-        BackendError::OutOfMemory => CUDA_ERROR_OUT_OF_MEMORY,
-        BackendError::Unavailable => CUDA_ERROR_NOT_SUPPORTED,
-        BackendError::ShuttingDown => CUDA_ERROR_DEINITIALIZED,
-        BackendError::Capturing => CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-        BackendError::InvalidValue => CUDA_ERROR_INVALID_VALUE,
-        BackendError::Driver(code) => code as CuResult,
-    }
-}
 
 /// The registry records of an export: the header, then the entries.
 fn records(t: &Tagged, export: &ArenaExport) -> Vec<u8> {
@@ -112,35 +97,12 @@ fn allow_importers() {
     }
 }
 
-/// Writes the tagged handle of an exported arena block.
-///
-/// # Safety
-/// `handle` is a valid, non-NULL `CUipcMemHandle` out-parameter.
-pub(super) unsafe fn export(
-    handle: *mut c_void,
-    block: &BlockInfo,
-    export: &ArenaExport,
-) -> CuResult {
+/// The tagged handle of an exported arena block.
+pub(super) fn export(block: &BlockInfo, export: &ArenaExport) -> BackendResult<[u8; 64]> {
     allow_importers();
-    let mut t = Tagged {
-        // SAFETY: plain libc calls.
-        pid: unsafe { libc::getpid() } as u32,
-        uid: unsafe { libc::getuid() },
-        index: 0,
-        nonce: nonce(),
-        offset: export.offset,
-        size: block.size,
-        kind: Kind::Arena,
-    };
-    let Some(index) = append_bytes(&records(&t, export)) else {
-        return CUDA_ERROR_INVALID_VALUE;
-    };
-    t.index = index;
-    let mut out = CuIpcMemHandle { reserved: [0; 64] };
-    t.write(&mut out);
-    // SAFETY: the caller's out-parameter, non-NULL.
-    unsafe { handle.cast::<CuIpcMemHandle>().write_unaligned(out) };
-    CUDA_SUCCESS
+    let mut t = Tagged::new(Kind::Arena, export.offset, block.size);
+    t.index = append_bytes(&records(&t, export)).ok_or(BackendError::InvalidValue)?;
+    Ok(t.to_bytes())
 }
 
 /// An arena block this process opened.
@@ -149,13 +111,13 @@ struct Opened {
     key: (u32, u32, u64),
     mapped: Imported,
     /// The pointer handed out (the mapping's start + the block's offset).
-    ptr: CuDevicePtr,
+    ptr: DevicePtr,
     opens: u32,
 }
 
 static OPENED: Mutex<Vec<Opened>> = Mutex::new(Vec::new());
 
-/// Copies of the exporter's descriptors `fds` in this process, closed when dropped.
+/// Copies of the exporter's descriptors in this process, closed when dropped.
 struct Borrowed(Vec<i32>);
 
 impl Drop for Borrowed {
@@ -168,12 +130,12 @@ impl Drop for Borrowed {
 }
 
 /// Takes copies of `fds` from process `pid` (Note [ipc of arena blocks]).
-fn borrow_descriptors(pid: u32, fds: &[i32]) -> Result<Borrowed, CuResult> {
+fn borrow_descriptors(pid: u32, fds: &[i32]) -> BackendResult<Borrowed> {
     // SAFETY: the pidfd_open system call with integer arguments.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
     if pidfd < 0 {
         // The exporter is gone: so is its memory.
-        return Err(CUDA_ERROR_INVALID_VALUE);
+        return Err(BackendError::InvalidValue);
     }
     let mut out = Borrowed(Vec::with_capacity(fds.len()));
     let mut failure = None;
@@ -191,50 +153,34 @@ fn borrow_descriptors(pid: u32, fds: &[i32]) -> Result<Borrowed, CuResult> {
     match failure {
         None => Ok(out),
         Some(e) => {
-            cupool::log::warn(&format!(
+            crate::log::warn(&format!(
                 "cupool: CUDA IPC of a VMM block needs the exporter's memory descriptors \
                  (pidfd_getfd from process {pid}), which the system refused: {e}"
             ));
-            Err(CUDA_ERROR_NOT_SUPPORTED)
+            Err(BackendError::Unavailable)
         }
     }
 }
 
-/// `cuIpcOpenMemHandle` of a tagged arena handle.
-///
-/// # Safety
-/// `pdptr` is a valid, non-NULL out-parameter.
-pub(super) unsafe fn open(pdptr: *mut CuDevicePtr, t: &Tagged) -> CuResult {
+/// Opens a tagged arena handle: the block's pointer in this process.
+pub(super) fn open(rt: &Runtime, t: &Tagged) -> BackendResult<DevicePtr> {
     let key = (t.pid, t.index, t.nonce);
     let mut opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(o) = opened.iter_mut().find(|o| o.key == key) {
         o.opens += 1;
-        // SAFETY: the caller's out-parameter.
-        unsafe { *pdptr = o.ptr };
-        return CUDA_SUCCESS;
+        return Ok(o.ptr);
     }
-    let Some(chunks) = lookup(t) else {
-        // The exporter is gone (its registry with it), or the handle is not one it made.
-        return CUDA_ERROR_INVALID_VALUE;
-    };
-    let Some(rt) = lifecycle::runtime() else {
-        return CUDA_ERROR_NOT_INITIALIZED;
-    };
+    // The exporter is gone (its registry with it), or the handle is not one it made.
+    let chunks = lookup(t).ok_or(BackendError::InvalidValue)?;
     let fds: Vec<i32> = chunks.iter().map(|c| c.0).collect();
-    let borrowed = match borrow_descriptors(t.pid, &fds) {
-        Ok(b) => b,
-        Err(rc) => return rc,
-    };
+    let borrowed = borrow_descriptors(t.pid, &fds)?;
     let local: Vec<(i32, u64)> = borrowed
         .0
         .iter()
         .zip(&chunks)
         .map(|(&fd, c)| (fd, c.1))
         .collect();
-    let mapped = match rt.import_chunks(&local) {
-        Ok(mapped) => mapped,
-        Err(e) => return code_of(e),
-    };
+    let mapped = rt.import_chunks(&local)?;
     drop(borrowed);
     let ptr = mapped.base + t.offset;
     opened.push(Opened {
@@ -243,25 +189,17 @@ pub(super) unsafe fn open(pdptr: *mut CuDevicePtr, t: &Tagged) -> CuResult {
         ptr,
         opens: 1,
     });
-    // SAFETY: the caller's out-parameter.
-    unsafe { *pdptr = ptr };
-    CUDA_SUCCESS
+    Ok(ptr)
 }
 
-/// `cuIpcCloseMemHandle` of a pointer [`open`] handed out; `None` for any other pointer.
-pub(super) fn close(dptr: CuDevicePtr) -> Option<CuResult> {
+/// Closes a pointer [`open`] handed out; `None` for any other pointer.
+pub(super) fn close(rt: &Runtime, ptr: DevicePtr) -> Option<BackendResult<()>> {
     let mut opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
-    let i = opened.iter().position(|o| o.ptr == dptr)?;
+    let i = opened.iter().position(|o| o.ptr == ptr)?;
     opened[i].opens -= 1;
     if opened[i].opens > 0 {
-        return Some(CUDA_SUCCESS);
+        return Some(Ok(()));
     }
     let o = opened.swap_remove(i);
-    let Some(rt) = lifecycle::runtime_if_started() else {
-        return Some(CUDA_ERROR_NOT_INITIALIZED);
-    };
-    Some(match rt.close_imported(&o.mapped) {
-        Ok(()) => CUDA_SUCCESS,
-        Err(e) => code_of(e),
-    })
+    Some(rt.close_imported(&o.mapped))
 }

@@ -12,13 +12,13 @@ struct CUstream_st;
 /**
  * Version of [`CupoolStats`] this library writes. Bumped when fields are added at the end.
  */
-#define CUPOOL_STATS_VERSION 3
+#define CUPOOL_STATS_VERSION 4
 
 /**
  * Version of [`CupoolHostStats`] this library writes. Bumped when fields are added at the
  * end.
  */
-#define CUPOOL_HOST_STATS_VERSION 1
+#define CUPOOL_HOST_STATS_VERSION 2
 
 /**
  * Result of every `cupool_*` call. `CUPOOL_OK` is 0; every other value names one
@@ -208,6 +208,11 @@ typedef struct {
    * Microseconds the program spent in those waits, in all.
    */
   uint64_t grow_wait_us;
+  /**
+   * Queries of context fences (`cuEventQuery`): with `fences_recorded`, the driver calls
+   * that ordering reuse after frees cost.
+   */
+  uint64_t fence_queries;
 } cupool_stats;
 
 /**
@@ -294,6 +299,10 @@ typedef struct {
    * Current value only.
    */
   uint64_t pending_fence_bytes;
+  /**
+   * Queries of those fences (`cuEventQuery`, one per device pool and fence asked).
+   */
+  uint64_t fence_queries;
 } cupool_host_stats;
 
 /**

@@ -21,7 +21,7 @@ mod print;
 pub use pinned::{CupoolHostStats, CUPOOL_HOST_STATS_VERSION};
 
 /// Version of [`CupoolStats`] this library writes. Bumped when fields are added at the end.
-pub const CUPOOL_STATS_VERSION: u32 = 3;
+pub const CUPOOL_STATS_VERSION: u32 = 4;
 
 /// A level: the value now and the highest it has been since the last peak reset.
 #[repr(C)]
@@ -96,6 +96,9 @@ pub struct CupoolStats {
     pub grow_waits: u64,
     /// Microseconds the program spent in those waits, in all.
     pub grow_wait_us: u64,
+    /// Queries of context fences (`cuEventQuery`): with `fences_recorded`, the driver calls
+    /// that ordering reuse after frees cost.
+    pub fence_queries: u64,
 }
 
 /// Calls `$m!(name, Kind)` for every field after the header, in struct order.
@@ -125,6 +128,7 @@ macro_rules! for_each_stat_field {
         $m!(granules, gauge);
         $m!(grow_waits, count);
         $m!(grow_wait_us, count);
+        $m!(fence_queries, count);
     };
 }
 

@@ -67,6 +67,9 @@ struct InFlight {
     len: usize,
     /// The number of the newest fence recorded (a record that failed leaves it).
     newest: u64,
+    /// Queries of fences made so far (the `fence_queries` statistic), counted under the
+    /// lock so the threads' path has no counter of its own to share.
+    queries: u64,
 }
 
 impl InFlight {
@@ -102,6 +105,7 @@ impl FenceClock {
                 head: 0,
                 len: 0,
                 newest: 0,
+                queries: 0,
             }),
         }
     }
@@ -152,6 +156,7 @@ impl FenceClock {
     /// Retires completed fences, oldest first, up to the first that has not completed.
     fn retire(&self, f: &mut InFlight, device: &impl FenceRecorder) {
         while let Some((seq, fence)) = f.oldest() {
+            f.queries += 1;
             if !device.completed(fence) {
                 break;
             }
@@ -160,6 +165,11 @@ impl FenceClock {
             // Fences are numbered in record order under this lock, so `done` only grows.
             self.done.store(seq, Release);
         }
+    }
+
+    /// Queries of fences made so far (statistics; takes the lock).
+    pub fn queries(&self) -> u64 {
+        self.in_flight.lock().queries
     }
 
     /// The number of the newest fence begun (the model check's device reads it).

@@ -138,6 +138,7 @@ impl DevicePool {
         // A panic elsewhere cannot leave the guarded data (there is none) inconsistent.
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let Outstanding { count, newest } = self.seal(mode);
+        let queries = core::cell::Cell::new(0u64);
         let done = match (mode, newest) {
             (_, None) => 0,
             // Waiting on the newest covers every older one; if that fails (driver error),
@@ -152,12 +153,14 @@ impl DevicePool {
             (Advance::WaitUpTo(bound), Some(newest)) => {
                 match self.backend.wait_event_for(self.ctx.id, newest.0, bound) {
                     Ok(true) => newest.1,
-                    _ => self.newest_completed(count, newest).map_or(0, |(_, e)| e),
+                    _ => self
+                        .newest_completed(count, newest, &queries)
+                        .map_or(0, |(_, e)| e),
                 }
             }
-            (Advance::Poll, Some(newest)) => {
-                self.newest_completed(count, newest).map_or(0, |(_, e)| e)
-            }
+            (Advance::Poll, Some(newest)) => self
+                .newest_completed(count, newest, &queries)
+                .map_or(0, |(_, e)| e),
         };
         // Retire the fences that completed and drain what they cover; the events go back
         // to the backend with no pool lock held (Note [locks]).
@@ -167,6 +170,7 @@ impl DevicePool {
             let mut n = 0;
             {
                 let mut sh = self.shared.lock();
+                sh.slow.fence_queries += queries.take();
                 sh.fence_done = sh.fence_done.max(done);
                 while n < retired.len() {
                     match sh.fences.front() {
@@ -193,7 +197,8 @@ impl DevicePool {
     }
 
     /// The newest of the `count` outstanding fences (`newest` is the last) known complete,
-    /// if any. Caller holds `self.events`, so the list does not change meanwhile.
+    /// if any; `queries` counts the driver queries made. Caller holds `self.events`, so the
+    /// list does not change meanwhile.
     ///
     /// A fence covers all the work its older ones cover, so the completed fences are (up
     /// to the instant of each query) a prefix of the list. The newest is asked first, since
@@ -201,8 +206,14 @@ impl DevicePool {
     /// binary search finds the end of the prefix in about log2(count) queries instead of
     /// one query per fence. Whatever a query error or a race does to that ordering, the
     /// answer is a fence that did complete, which is all correctness needs.
-    fn newest_completed(&self, count: usize, newest: Recorded) -> Option<Recorded> {
+    fn newest_completed(
+        &self,
+        count: usize,
+        newest: Recorded,
+        queries: &core::cell::Cell<u64>,
+    ) -> Option<Recorded> {
         let complete = |f: Recorded| {
+            queries.set(queries.get() + 1);
             self.backend
                 .event_completed(self.ctx.id, f.0)
                 .unwrap_or(false)

@@ -170,6 +170,8 @@ struct SlowCounts {
     retries: u64,
     ooms: u64,
     fences: u64,
+    /// Queries of context fences (`cuEventQuery`) by fence passes.
+    fence_queries: u64,
     cross_stream: u64,
     grow_waits: u64,
     grow_wait_ns: u64,

@@ -64,6 +64,7 @@ impl DevicePool {
         s.granules = frag.granules;
         s.grow_waits = slow.grow_waits;
         s.grow_wait_us = slow.grow_wait_ns / 1000;
+        s.fence_queries = slow.fence_queries + self.fence_side.thread_clock.queries();
         s
     }
 

@@ -6,7 +6,7 @@ use super::{print, CupoolStat};
 
 /// Version of [`CupoolHostStats`] this library writes. Bumped when fields are added at the
 /// end.
-pub const CUPOOL_HOST_STATS_VERSION: u32 = 1;
+pub const CUPOOL_HOST_STATS_VERSION: u32 = 2;
 
 /// Statistics of the pinned host memory pool (`cupool_host_alloc`, and `cudaHostAlloc` /
 /// `cudaMallocHost` under the preload).
@@ -52,6 +52,8 @@ pub struct CupoolHostStats {
     /// Bytes freed and waiting for a fence that the pool has not yet seen complete.
     /// Current value only.
     pub pending_fence_bytes: u64,
+    /// Queries of those fences (`cuEventQuery`, one per device pool and fence asked).
+    pub fence_queries: u64,
 }
 
 /// Calls `$m!(name, Kind)` for every field after the header, in struct order (`level`,
@@ -72,6 +74,7 @@ macro_rules! for_each_host_stat_field {
         $m!(alloc_retries, count);
         $m!(num_ooms, count);
         $m!(pending_fence_bytes, gauge);
+        $m!(fence_queries, count);
     };
 }
 
@@ -140,7 +143,7 @@ mod tests {
             "{json}"
         );
         assert!(json.contains("\"pending_fence_bytes\":4096"), "{json}");
-        assert_eq!(json.matches("\":").count(), 14 + 4 * 2, "{json}");
-        assert_eq!(s.to_text().lines().count(), 14);
+        assert_eq!(json.matches("\":").count(), 15 + 4 * 2, "{json}");
+        assert_eq!(s.to_text().lines().count(), 15);
     }
 }

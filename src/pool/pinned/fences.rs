@@ -63,10 +63,11 @@ impl PinnedPool {
         self.seal(&mut fences, mode);
         // Waiting is a synchronisation, which a capture forbids: poll then.
         let waiting = mode == Advance::Wait && !all_pools().any(DevicePool::capturing);
+        let mut queries = 0;
         let done = if waiting {
             self.wait_newest(&fences)
         } else {
-            self.newest_complete(&fences)
+            self.newest_complete(&fences, &mut queries)
         };
         let mut retired = Vec::new();
         while fences.outstanding.front().is_some_and(|f| f.epoch <= done) {
@@ -77,6 +78,7 @@ impl PinnedPool {
             self.backend.recycle_event(ctx, ev);
         }
         let mut st = self.lock();
+        st.counts.fence_queries += queries;
         st.done = st.done.max(done);
         let done = st.done;
         st.map.release_waiting(done)
@@ -136,9 +138,11 @@ impl PinnedPool {
         fences.outstanding.push_back(Fence { events, epoch });
     }
 
-    /// Whether every event of `f` has completed (a context gone counts as done).
-    fn complete(&self, f: &Fence) -> bool {
+    /// Whether every event of `f` has completed (a context gone counts as done); `queries`
+    /// counts the driver queries.
+    fn complete(&self, f: &Fence, queries: &mut u64) -> bool {
         f.events.iter().all(|&(ctx, ev)| {
+            *queries += 1;
             self.backend
                 .event_completed(ctx, ev)
                 .unwrap_or_else(context_gone)
@@ -148,16 +152,16 @@ impl PinnedPool {
     /// The epoch of the newest fence known complete (0: none). The newest is asked first:
     /// on an idle device it has completed and settles everything in one query per context;
     /// otherwise the oldest ones are asked in order, up to the first still running.
-    fn newest_complete(&self, fences: &Fences) -> u64 {
+    fn newest_complete(&self, fences: &Fences, queries: &mut u64) -> u64 {
         let Some(newest) = fences.outstanding.back() else {
             return 0;
         };
-        if self.complete(newest) {
+        if self.complete(newest, queries) {
             return newest.epoch;
         }
         let mut done = 0;
         for f in fences.outstanding.iter().take(fences.outstanding.len() - 1) {
-            if !self.complete(f) {
+            if !self.complete(f, queries) {
                 break;
             }
             done = f.epoch;
@@ -176,7 +180,7 @@ impl PinnedPool {
             match self.backend.wait_event(ctx, ev) {
                 Ok(()) => {}
                 Err(e) if context_gone(e) => {}
-                Err(_) => return self.newest_complete(fences),
+                Err(_) => return self.newest_complete(fences, &mut 0),
             }
         }
         newest.epoch

@@ -74,6 +74,7 @@ struct Counts {
     driver_allocs: u64,
     driver_frees: u64,
     fences: u64,
+    fence_queries: u64,
     retries: u64,
     ooms: u64,
 }
@@ -313,6 +314,7 @@ impl PinnedPool {
             driver_allocs: c.driver_allocs,
             driver_frees: c.driver_frees,
             fences_recorded: c.fences,
+            fence_queries: c.fence_queries,
             alloc_retries: c.retries,
             num_ooms: c.ooms,
             pending_fence_bytes: st.map.waiting_bytes,

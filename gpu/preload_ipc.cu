@@ -161,6 +161,23 @@ static int export_to_child(void *p, size_t n, uint32_t seed, bool *export_ok,
   return open_in_child(h, n, seed, plain_child ? "" : nullptr, false);
 }
 
+// Small blocks allocated first, so that later small blocks may sit inside a pool segment.
+static std::vector<void *> g_filler;
+
+// The context, a non-blocking stream for the pattern kernels, and the filler blocks from
+// `alloc` (cudaMalloc, or the C API's cupool_alloc).
+static cudaStream_t start(int (*alloc)(void **, size_t)) {
+  CK(cudaFree(0));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < 8; i++) {
+    void *f;
+    if (alloc(&f, 4096) != 0) exit(1);
+    g_filler.push_back(f);
+  }
+  return s;
+}
+
 // The C API's IPC: blocks of every kind exported with cupool_ipc_get_handle.
 static int api_main() {
   Api api;
@@ -170,15 +187,7 @@ static int api_main() {
   }
   const char *preload_lib = getenv("IPC_PRELOAD_LIB");
   if (preload_lib != nullptr && *preload_lib == 0) preload_lib = nullptr;
-  CK(cudaFree(0));
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::vector<void *> filler;
-  for (int i = 0; i < 8; i++) {
-    void *f;
-    if (api.alloc(&f, 4096) != 0) return 1;
-    filler.push_back(f);
-  }
+  cudaStream_t s = start(api.alloc);
   struct Case { const char *name; size_t n; } cases[] = {
       {"64MiB", 64u << 20}, {"3MiB", 3u << 20}, {"1MiB", 1u << 20}, {"4KiB", 4096}};
   int failed = 0;
@@ -213,7 +222,7 @@ static int api_main() {
     failed += !parent_ok;
     if (api.free(p) != 0) return 1;
   }
-  for (void *f : filler) api.free(f);
+  for (void *f : g_filler) api.free(f);
   CK(cudaStreamDestroy(s));
   return failed ? 1 : 0;
 }
@@ -226,16 +235,7 @@ int main(int argc, char **argv) {
     return api_main();
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);
-  CK(cudaFree(0));
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  // Some small blocks first, so that later small blocks may sit inside a pool segment.
-  std::vector<void *> filler;
-  for (int i = 0; i < 8; i++) {
-    void *f;
-    CK(cudaMalloc(&f, 4096));
-    filler.push_back(f);
-  }
+  cudaStream_t s = start([](void **p, size_t n) { return (int)cudaMalloc(p, n); });
   struct Case { const char *name; size_t n; } cases[] = {
       {"ipc_64MiB", 64u << 20}, {"ipc_1MiB", 1u << 20}, {"ipc_4KiB", 4096}, {"ipc_4KiB_second", 4096}};
   int wrong = 0;
@@ -270,7 +270,7 @@ int main(int argc, char **argv) {
            device_mismatches(p, cases[c].n, seed, s) == 0 ? "ok" : "BAD");
     CK(cudaFree(p));
   }
-  for (void *f : filler) CK(cudaFree(f));
+  for (void *f : g_filler) CK(cudaFree(f));
   CK(cudaStreamDestroy(s));
   return wrong ? 1 : 0;
 }

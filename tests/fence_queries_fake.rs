@@ -9,34 +9,18 @@
 #[path = "fake_cuda/mod.rs"]
 mod fake_cuda;
 
-use core::ffi::c_void;
-
-use cupool::runtime::{runtime, Runtime};
-use fake_cuda::{in_child_with_fake, FakeCuda};
+use fake_cuda::{in_child_with_fake, runtime_with_device0_current};
 
 const MIB: usize = 1 << 20;
 const PAIRS: u64 = 200;
 const ENV: &[(&str, &str)] = &[("CUPOOL_CONF", "backend:cuda")];
-
-fn setup() -> (&'static Runtime, FakeCuda) {
-    let fake = FakeCuda::loaded().expect("the fake libcuda is on the path");
-    let rt = runtime().expect("the runtime starts on the cuda backend");
-    let ctx = rt.backend().device_context(0).expect("primary context");
-    let set_current: unsafe extern "C" fn(*mut c_void) -> i32 = {
-        // SAFETY: dlsym on a live handle; the fake's cuCtxSetCurrent has this signature.
-        unsafe { core::mem::transmute(libc::dlsym(fake.handle(), c"cuCtxSetCurrent".as_ptr())) }
-    };
-    // SAFETY: a context handle from the backend.
-    assert_eq!(unsafe { set_current(ctx.id.0 as usize as *mut c_void) }, 0);
-    (rt, fake)
-}
 
 /// Device blocks: 1 MiB (fenced by the pool's passes) and 4 KiB (kept by the thread, fenced
 /// by the shared thread fences), freed without a stream.
 #[test]
 fn device_fence_queries_are_the_drivers() {
     in_child_with_fake("device_fence_queries_are_the_drivers", ENV, || {
-        let (rt, fake) = setup();
+        let (rt, fake) = runtime_with_device0_current();
         let before = rt.stats(None).unwrap();
         let driver = fake.counters().event_query;
         for size in [MIB, 4096] {
@@ -62,7 +46,7 @@ fn device_fence_queries_are_the_drivers() {
 #[test]
 fn pinned_fence_queries_are_the_drivers() {
     in_child_with_fake("pinned_fence_queries_are_the_drivers", ENV, || {
-        let (rt, fake) = setup();
+        let (rt, fake) = runtime_with_device0_current();
         let p = rt.host_alloc(MIB).unwrap();
         rt.host_free(p).unwrap();
         let before = rt.host_stats();

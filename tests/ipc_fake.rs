@@ -19,24 +19,11 @@ use core::ptr::null_mut;
 use cupool::ffi::ipc::{
     cupool_ipc_close_handle, cupool_ipc_get_handle, cupool_ipc_open_handle, CupoolIpcHandle,
 };
-use cupool::runtime::{runtime, Runtime};
+use cupool::runtime::runtime;
 use cupool::CupoolStatus::{self, *};
-use fake_cuda::{in_child_with_fake, FakeCuda};
+use fake_cuda::{in_child_with_fake, runtime_with_device0_current};
 
 const MIB: u64 = 1 << 20;
-
-fn setup() -> (&'static Runtime, FakeCuda) {
-    let fake = FakeCuda::loaded().expect("the fake libcuda is on the path");
-    let rt = runtime().expect("the runtime starts on the cuda backend");
-    let ctx = rt.backend().device_context(0).expect("primary context");
-    let set_current: unsafe extern "C" fn(*mut c_void) -> i32 = {
-        // SAFETY: dlsym on a live handle; the fake's cuCtxSetCurrent has this signature.
-        unsafe { core::mem::transmute(libc::dlsym(fake.handle(), c"cuCtxSetCurrent".as_ptr())) }
-    };
-    // SAFETY: a context handle from the backend.
-    assert_eq!(unsafe { set_current(ctx.id.0 as usize as *mut c_void) }, 0);
-    (rt, fake)
-}
 
 fn fill(p: u64, n: u64, v: u8) {
     // SAFETY: the pool handed out at least n bytes at p, host memory in the fake.
@@ -85,7 +72,7 @@ fn arena_and_shared_segment_blocks_open_at_their_bytes() {
         "arena_and_shared_segment_blocks_open_at_their_bytes",
         &[("CUPOOL_CONF", "backend:cuda,vmm:on")],
         || {
-            let (rt, fake) = setup();
+            let (rt, fake) = runtime_with_device0_current();
             let first = rt.alloc(4096).unwrap();
             let small = rt.alloc(4096).unwrap();
             fill(small, 4096, 0x11);
@@ -152,7 +139,7 @@ fn whole_segments_get_the_drivers_handle_and_bad_input_a_status() {
         "whole_segments_get_the_drivers_handle_and_bad_input_a_status",
         &[("CUPOOL_CONF", "backend:cuda,vmm:off")],
         || {
-            let (rt, _fake) = setup();
+            let (rt, _fake) = runtime_with_device0_current();
             let n = 64 * MIB;
             let whole = rt.alloc(n as usize).unwrap();
             let info = rt.lookup(whole).unwrap();

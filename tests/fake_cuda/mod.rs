@@ -184,6 +184,18 @@ impl FakeCuda {
         self.handle
     }
 
+    /// Makes the context `ctx` (a backend's context id) current on the calling thread
+    /// through the fake's `cuCtxSetCurrent`, as a program's CUDA runtime would.
+    pub fn make_current(&self, ctx: u64) {
+        // SAFETY: dlsym on the live handle with a NUL-terminated name.
+        let f = unsafe { libc::dlsym(self.handle, c"cuCtxSetCurrent".as_ptr()) };
+        assert!(!f.is_null(), "the fake exports cuCtxSetCurrent");
+        // SAFETY: the fake's cuCtxSetCurrent has CUDA's signature.
+        let set: unsafe extern "C" fn(*mut c_void) -> i32 = unsafe { core::mem::transmute(f) };
+        // SAFETY: a context handle the fake made.
+        assert_eq!(unsafe { set(ctx as usize as *mut c_void) }, 0);
+    }
+
     pub fn counters(&self) -> FakeCudaCounters {
         let mut c = FakeCudaCounters::default();
         // SAFETY: the fake writes one whole struct through a valid pointer.
@@ -288,6 +300,16 @@ pub fn run_child(
 /// Runs `body` in a child process of this test binary with the fake on the library path
 /// (and `env`), and asserts that the child ran the test and passed; in that child, runs
 /// `body` itself.
+/// The fake (loaded), the runtime on the CUDA backend over it, and device 0's primary
+/// context made current on the calling thread, as a program's CUDA runtime makes it.
+pub fn runtime_with_device0_current() -> (&'static cupool::runtime::Runtime, FakeCuda) {
+    let fake = FakeCuda::loaded().expect("the fake libcuda is on the path");
+    let rt = cupool::runtime::runtime().expect("the runtime starts on the cuda backend");
+    let ctx = rt.backend().device_context(0).expect("primary context");
+    fake.make_current(ctx.id.0);
+    (rt, fake)
+}
+
 pub fn in_child_with_fake(test_name: &str, env: &[(&str, &str)], body: fn()) {
     if is_child() {
         body();

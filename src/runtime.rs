@@ -146,11 +146,10 @@ fn start() -> core::result::Result<Runtime, CupoolStatus> {
 }
 
 /// Gives this thread's cached blocks of `pool` back to it (before the pool grows or
-/// retries after running out of memory; the pool asks other threads itself on OOM).
-fn flush_own_cache(cache: Option<&mut thread_cache::ThreadCache>, pool: u16) {
-    if let Some(cache) = cache {
-        cache.flush_pool(pool);
-    }
+/// retries after running out of memory; the pool asks other threads itself on OOM);
+/// returns whether some went to the pool's fence queue.
+fn flush_own_cache(cache: Option<&mut thread_cache::ThreadCache>, pool: u16) -> bool {
+    cache.is_some_and(|cache| cache.flush_pool(pool))
 }
 
 fn limit_for(device: i32) -> u64 {

@@ -12,14 +12,15 @@ use core::sync::atomic::Ordering;
 impl DevicePool {
     /// Allocates a block that missed the thread cache. `flush_own_cache` gives the calling
     /// thread's cached blocks of this pool back; it is called before the pool grows and
-    /// before the out-of-memory retry, so blocks the thread holds are not left out.
+    /// before the out-of-memory retry, so blocks the thread holds are not left out, and
+    /// returns whether some of them went to the fence queue.
     pub fn alloc_slow(
         &self,
         c: &ThreadCounters,
         size: u64,
         requested: u64,
         stream: Option<StreamRef>,
-        flush_own_cache: &mut dyn FnMut(),
+        flush_own_cache: &mut dyn FnMut() -> bool,
     ) -> Result<u64> {
         let req = Request {
             size,
@@ -75,9 +76,7 @@ impl DevicePool {
         }
         // Blocks this thread's cache holds are invisible to the search above (the cache
         // is searched by the request's class only): give them back before growing.
-        let unsealed = self.shared.lock().unsealed_fence_blocks;
-        flush_own_cache();
-        let fenced_flush = self.shared.lock().unsealed_fence_blocks > unsealed;
+        let fenced_flush = flush_own_cache();
         let stealable = req.kind == SegmentKind::Large && self.arena_active();
         if (stealable || fenced_flush) && self.may_order() {
             // Note [vmm arena]: the flushed blocks' granules can be stolen once fenced; and

@@ -138,7 +138,7 @@ impl DevicePool {
         &self,
         c: &ThreadCounters,
         size: u64,
-        flush_own_cache: &mut dyn FnMut(),
+        flush_own_cache: &mut dyn FnMut() -> bool,
     ) -> u64 {
         let percent = config::get(Key::ReleaseAbovePercent).min(100);
         if percent == 0 || !self.may_order() {

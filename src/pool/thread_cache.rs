@@ -300,20 +300,24 @@ impl ThreadCache {
     }
 
     /// Gives back the blocks of one pool (before that pool's OOM retry).
-    pub fn flush_pool(&mut self, pool: u16) {
+    /// Gives every block of `pool` this cache holds back to it; returns whether some went
+    /// to its fence queue (kept streamless frees no completed fence covers yet).
+    pub fn flush_pool(&mut self, pool: u16) -> bool {
         for pos in 0..SLOTS {
             if self.slots[pos].pool == pool {
                 self.flush_slot(pos);
             }
         }
+        let mut to_fence = false;
         for k in 0..KEPT_BATCHES {
             if self.kept[k].pool == pool {
-                self.flush_kept(k);
+                to_fence |= self.flush_kept(k);
             }
         }
         if self.ready.pool == pool {
             self.flush_ready();
         }
+        to_fence
     }
 
     pub fn bytes(&self) -> u64 {

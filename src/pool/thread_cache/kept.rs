@@ -365,19 +365,22 @@ impl ThreadCache {
         r.bytes = 0;
     }
 
-    /// Gives the kept batch `k` back to its pool.
-    pub(super) fn flush_kept(&mut self, k: usize) {
+    /// Gives the kept batch `k` back to its pool; returns whether its blocks went to the
+    /// fence queue (no completed fence covered them yet).
+    pub(super) fn flush_kept(&mut self, k: usize) -> bool {
         let b = self.kept[k];
         if !b.live {
-            return;
+            return false;
         }
         self.kept[k] = Kept::EMPTY;
         self.bytes -= b.bytes;
         thread_counters(b.pool).keep_unfenced(-(b.bytes as i64));
-        if let Some(p) = pool_by_index(b.pool) {
-            let covered = b.closed && p.thread_fence_covers(b.need);
-            // SAFETY: the blocks leave this thread's cache for the pool.
-            unsafe { p.take_kept(&b.items[..b.len as usize], covered) };
-        }
+        let Some(p) = pool_by_index(b.pool) else {
+            return false;
+        };
+        let covered = b.closed && p.thread_fence_covers(b.need);
+        // SAFETY: the blocks leave this thread's cache for the pool.
+        unsafe { p.take_kept(&b.items[..b.len as usize], covered) };
+        !covered && b.len > 0
     }
 }

@@ -24,7 +24,7 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUevent, CUstream};
 
-use super::driver::{check, code, driver, required, DriverApi, IpcMemHandle};
+use super::driver::{check, check_exact, code, driver, required, DriverApi, IpcMemHandle};
 use super::{
     Backend, BackendError, BackendResult, ContextId, ContextInfo, DevicePtr, EventHandle, HostPtr,
     StreamHandle, StreamId,
@@ -425,7 +425,7 @@ impl Backend for CudaBackend {
         let get = required(self.api.ipc_get_mem_handle)?;
         let mut handle = IpcMemHandle { reserved: [0; 64] };
         // SAFETY: a valid out-parameter; the driver checks the pointer.
-        check(unsafe { get(&mut handle, ptr) })?;
+        check_exact(unsafe { get(&mut handle, ptr) })?;
         Ok(handle.reserved)
     }
 
@@ -433,14 +433,14 @@ impl Backend for CudaBackend {
         let open = required(self.api.ipc_open_mem_handle)?;
         let mut ptr: CUdeviceptr = 0;
         // SAFETY: a valid out-parameter; the driver checks the handle.
-        check(unsafe { open(&mut ptr, IpcMemHandle { reserved: handle }, flags) })?;
+        check_exact(unsafe { open(&mut ptr, IpcMemHandle { reserved: handle }, flags) })?;
         Ok(ptr)
     }
 
     fn ipc_close(&self, ptr: DevicePtr) -> BackendResult<()> {
         let close = required(self.api.ipc_close_mem_handle)?;
         // SAFETY: the driver checks the pointer.
-        check(unsafe { close(ptr) })
+        check_exact(unsafe { close(ptr) })
     }
 
     fn set_peer_access(&self, owner: ContextId, device: i32, enabled: bool) {

@@ -99,6 +99,16 @@ pub fn check(code: CuResult) -> BackendResult<()> {
     }
 }
 
+/// `Ok` on success, else the driver's own code unmapped (`BackendError::Driver`): for calls
+/// whose failure the interposer hands back to the program as it came (legacy IPC).
+pub fn check_exact(code: CuResult) -> BackendResult<()> {
+    if code == code::SUCCESS {
+        Ok(())
+    } else {
+        Err(BackendError::Driver(code))
+    }
+}
+
 /// The function, or `Unavailable` when this driver lacks it.
 #[inline]
 pub fn required<F: Copy>(f: Option<F>) -> BackendResult<F> {

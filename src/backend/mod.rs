@@ -193,7 +193,9 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// The driver's legacy IPC handle (`cuIpcGetMemHandle`) of the allocation `ptr` lies
-    /// in, asked in the calling thread's current context.
+    /// in, asked in the calling thread's current context. The three legacy IPC calls fail
+    /// with the driver's own code ([`BackendError::Driver`]), which the interposer returns
+    /// to the program unchanged.
     fn ipc_get_handle(&self, _ptr: DevicePtr) -> BackendResult<[u8; 64]> {
         Err(BackendError::Unavailable)
     }

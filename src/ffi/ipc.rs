@@ -5,6 +5,7 @@
 //! registry] in `runtime/ipc`). Same three steps as every export (see [`super`]).
 
 use super::{guard, process_api, required, to_c_pointer, write_optional};
+use crate::backend::BackendError;
 use crate::runtime::{runtime, runtime_if_started};
 use crate::status::CupoolStatus::{self, *};
 use core::ffi::{c_uint, c_void};
@@ -50,7 +51,9 @@ pub unsafe extern "C" fn cupool_ipc_get_handle(
     }
     guard(|| {
         let out = required(handle_out)?;
-        let reserved = runtime()?.ipc_handle(ptr as usize as u64)?;
+        let reserved = runtime()?
+            .ipc_handle(ptr as usize as u64)
+            .map_err(status_of)?;
         out.write(CupoolIpcHandle { reserved });
         Ok(())
     })
@@ -82,7 +85,9 @@ pub unsafe extern "C" fn cupool_ipc_open_handle(
     guard(|| {
         let out = required(ptr_out)?;
         let handle = required(handle.cast_mut())?.read();
-        let ptr = runtime()?.ipc_open(&handle.reserved, flags)?;
+        let ptr = runtime()?
+            .ipc_open(&handle.reserved, flags)
+            .map_err(status_of)?;
         out.write(to_c_pointer(ptr)?);
         Ok(())
     })
@@ -103,9 +108,23 @@ pub unsafe extern "C" fn cupool_ipc_close_handle(ptr: *mut c_void) -> CupoolStat
         if ptr.is_null() {
             return Err(CupoolErrorInvalidValue);
         }
-        runtime()?.ipc_close(ptr as usize as u64)?;
+        runtime()?
+            .ipc_close(ptr as usize as u64)
+            .map_err(status_of)?;
         Ok(())
     })
+}
+
+/// The status for a failed IPC step: the driver's refusal of a pointer or handle it does not
+/// know (`CUDA_ERROR_INVALID_VALUE`, `CUDA_ERROR_INVALID_HANDLE`) is an invalid value here,
+/// any other driver failure `CUPOOL_ERROR_CUDA`.
+fn status_of(e: BackendError) -> CupoolStatus {
+    const INVALID_VALUE: u32 = 1;
+    const INVALID_HANDLE: u32 = 400;
+    match e {
+        BackendError::Driver(INVALID_VALUE | INVALID_HANDLE) => CupoolErrorInvalidValue,
+        e => e.into(),
+    }
 }
 
 /// What an IPC handle of the live block containing `ptr` maps (Runtime::shareable_range),

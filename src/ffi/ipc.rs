@@ -62,9 +62,9 @@ pub unsafe extern "C" fn cupool_ipc_get_handle(
 /// Maps the memory `handle` names (from `cupool_ipc_get_handle` in another process, or a
 /// driver handle from `cudaIpcGetMemHandle`) into the calling thread's current context and
 /// writes its start to `*ptr_out`. `flags` are `cudaIpcOpenMemHandle`'s
-/// (`cudaIpcMemLazyEnablePeerAccess` = 1); they apply to driver allocations. Opening the
-/// same handle again gives the same pointer; close each open with
-/// `cupool_ipc_close_handle`.
+/// (`cudaIpcMemLazyEnablePeerAccess` = 1); they apply to driver allocations. A cupool
+/// handle opened again gives the same pointer (each open is counted); a driver handle is
+/// the driver's to open, once per context. Close each open with `cupool_ipc_close_handle`.
 ///
 /// NULL `ptr_out` or `handle`: `CUPOOL_ERROR_INVALID_VALUE`, as for a cupool handle whose
 /// exporter has exited or that it did not make; the system's refusal to hand over the

@@ -1,12 +1,18 @@
 // What a context fence costs the host: cuCtxRecordEvent, then cuEventQuery of the fence
 // recorded one iteration earlier (what a pool's free-then-allocate loop does), timed call by
-// call, medians of 200 000 iterations. Nothing of cupool is called, so running it with and
-// without LD_PRELOAD of a cupool library shows whether the library's mere presence changes
-// what the driver's calls cost:
+// call, medians of 200 000 iterations; then how soon a fence completes. Nothing of cupool is
+// called, so running it with and without LD_PRELOAD of a cupool library shows whether the
+// library's presence changes what the driver's calls cost:
 //   nvcc -O2 -std=c++17 -arch=native -Igpu gpu/tools/fence_cost.cu -o fence_cost -ldl
 //   ./fence_cost plain; LD_PRELOAD=libcupool.so ./fence_cost api
 //   LD_PRELOAD=libcupool_preload.so ./fence_cost preload
-// Prints: FENCE <label> record_ns=.. query_prev_ns=.. query_new_ns=.. prev_done=..%
+// What ran before the loop (docs/BENCHMARKS.md, "Session of 2026-11-27 (second)"):
+//   FENCE_STREAMS=N      N idle non-blocking streams (FENCE_WORK=1: each ran a memset)
+//   FENCE_ALLOC=BYTES    one cudaMalloc written and freed
+//   FENCE_KERNEL=1 / FENCE_STEPS=mask   a kernel on a non-blocking stream, in parts (below)
+//   FENCE_PROBE=1        cuStreamIsCapturing(legacy) before each record, as the C API's pool
+// Prints: FENCE <label> record_ns=.. query_prev_ns=.. query_new_ns=.. prev_done=..% new_done=..%
+//         LATENCY <label> delay_ns=.. complete_at_first_query=..% median_ns_to_complete=..
 // and, where a cupool library is preloaded, the same loop through its pinned pool:
 //   POOL <label> pinned_pair_ns=..  (cupool_host_alloc + cupool_host_free of 1 MiB)
 #include <cuda.h>
@@ -25,6 +31,8 @@ typedef CUresult (*query_fn)(CUevent);
 typedef CUresult (*create_fn)(CUevent *, unsigned);
 typedef CUresult (*ctx_fn)(CUcontext *);
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+__device__ uint8_t g_scratch[1 << 20];
 
 static double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -73,6 +81,34 @@ int main(int argc, char **argv) {
     CK(cudaDeviceSynchronize());
     CK(cudaFree(d));
   }
+  // FENCE_KERNEL=1: a kernel ran on a non-blocking stream first (what a program does);
+  // FENCE_STEPS=mask runs parts of that: 1 creates the stream, 2 allocates and frees the
+  // buffer (cudaMalloc), 4 launches the kernel (into a __device__ array unless 2), 8 runs
+  // a memset on the buffer instead, 16 synchronises the stream instead of the device, 32
+  // keeps the buffer.
+  int steps = getenv("FENCE_KERNEL") ? 1 | 2 | 4 | 16 : 0;
+  if (getenv("FENCE_STEPS")) steps = atoi(getenv("FENCE_STEPS"));
+  if (steps) {
+    cudaStream_t st = 0;
+    if (steps & 1) CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    uint8_t *d = nullptr;
+    if (steps & 2) CK(cudaMalloc(&d, 1 << 20));
+    if (steps & 4) {
+      uint8_t *target = d;
+      if (!target) CK(cudaGetSymbolAddress((void **)&target, g_scratch));
+      fill_pattern<<<grid_for(1 << 20), 256, 0, st>>>(target, 1 << 20, 1);
+      CK(cudaGetLastError());
+    }
+    if ((steps & 8) && d) CK(cudaMemsetAsync(d, 0, 1 << 20, st));
+    if (steps & 16) CK(cudaStreamSynchronize(st));  // 16: the stream, not the device
+    else CK(cudaDeviceSynchronize());
+    if (d && !(steps & 32)) CK(cudaFree(d));  // 32: the buffer stays allocated
+  }
+  // FENCE_PROBE=1: ask cuStreamIsCapturing on the legacy stream before each record, as
+  // cupool's pool does through its C API (the interposer does not).
+  typedef CUresult (*capturing_fn)(CUstream, CUstreamCaptureStatus *);
+  gpa("cuStreamIsCapturing", &p, 10000, 0, &q);
+  capturing_fn capturing = getenv("FENCE_PROBE") ? (capturing_fn)p : nullptr;
   const int n = 200000, ring = 8;
   CUevent ev[ring];
   for (int i = 0; i < ring; i++) create(&ev[i], CU_EVENT_DISABLE_TIMING);
@@ -84,6 +120,10 @@ int main(int argc, char **argv) {
   record(ctx, ev[0]);
   for (int i = 1; i < n; i++) {
     double t0 = now_ns();
+    if (capturing) {
+      CUstreamCaptureStatus cs;
+      capturing(CU_STREAM_LEGACY, &cs);
+    }
     record(ctx, ev[i % ring]);
     double t1 = now_ns();
     CUresult r = query(ev[(i - 1) % ring]);

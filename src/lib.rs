@@ -39,8 +39,8 @@ pub mod sync;
 pub mod trace;
 
 /// Under the model checker (`RUSTFLAGS="--cfg loom"`) only the pool's lock-free parts are
-/// built: the address map, the block records' hand-over tag, the per-thread counters, the capture exclusion and
-/// the shared thread fences.
+/// built: the address map, the block records' hand-over tag, the per-thread counters, the
+/// capture exclusion and the shared thread fences.
 #[cfg(loom)]
 pub mod pool {
     pub mod address_map;

@@ -7,7 +7,6 @@
 use crate::cuda::*;
 use crate::guard::cuda_call;
 use crate::lifecycle;
-use crate::memory::pool_block_containing;
 use crate::real;
 use crate::slots::{sig, IpcOpenFn, RealFn};
 use core::ffi::{c_uint, c_void};
@@ -45,8 +44,7 @@ unsafe fn get_mem_handle(handle: *mut c_void, dptr: CuDevicePtr) -> CuResult {
     let Some(real) = real::get::<sig::IpcGetMemHandle>() else {
         return NO_DRIVER;
     };
-    let rt = lifecycle::runtime_if_started();
-    let (Some(_), Some(rt), false) = (pool_block_containing(dptr), rt, handle.is_null()) else {
+    let (Some(rt), false) = (lifecycle::runtime_if_started(), handle.is_null()) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real(handle, dptr) };
     };
@@ -60,7 +58,7 @@ unsafe fn get_mem_handle(handle: *mut c_void, dptr: CuDevicePtr) -> CuResult {
             };
             CUDA_SUCCESS
         }
-        // Freed meanwhile: the driver's answer for a pointer of no pool block.
+        // No pool block: the driver's answer.
         // SAFETY: forwarded unchanged.
         Ok(None) => unsafe { real(handle, dptr) },
         Err(e) => code_of(e),

@@ -67,6 +67,22 @@ pub(super) fn to_c_pointer(ptr: DevicePtr) -> Result<*mut c_void> {
     Ok(address as *mut c_void)
 }
 
+/// Writes an address range's start and size to optional out-parameters (a size too large
+/// for `size_t` as `SIZE_MAX`).
+///
+/// # Safety
+/// `base_out` and `size_out` are NULL or valid for a write.
+pub(super) unsafe fn write_range(
+    (base, size): (DevicePtr, u64),
+    base_out: *mut *mut c_void,
+    size_out: *mut usize,
+) -> Result<()> {
+    let base = to_c_pointer(base)?;
+    write_optional(base_out, base);
+    write_optional(size_out, usize::try_from(size).unwrap_or(usize::MAX));
+    Ok(())
+}
+
 /// Copies `text` and a NUL into `buf`; `*needed_out` (when not NULL) receives
 /// `strlen(text) + 1` on success and on `CUPOOL_ERROR_BUFFER_TOO_SMALL`.
 ///

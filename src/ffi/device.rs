@@ -5,7 +5,7 @@
 
 use super::{
     device_ordinal, device_selection, guard, process_api, required, stream_handle, text_export,
-    to_c_pointer, write_optional, CUstream_st,
+    to_c_pointer, write_optional, write_range, CUstream_st,
 };
 use crate::backend::DevicePtr;
 use crate::runtime::{runtime, runtime_if_started};
@@ -97,13 +97,10 @@ pub unsafe extern "C" fn cupool_segment_of(
     }
     guard(|| {
         let rt = runtime_if_started().ok_or(CupoolErrorInvalidPointer)?;
-        let (base, size) = rt
+        let range = rt
             .segment_of(ptr as usize as DevicePtr)
             .ok_or(CupoolErrorInvalidPointer)?;
-        let base = to_c_pointer(base)?;
-        write_optional(base_out, base);
-        write_optional(size_out, usize::try_from(size).unwrap_or(usize::MAX));
-        Ok(())
+        write_range(range, base_out, size_out)
     })
 }
 

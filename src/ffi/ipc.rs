@@ -4,7 +4,7 @@
 //! describe a block that shares its driver allocation or lives in the VMM arena (Note [ipc
 //! registry] in `runtime/ipc`). Same three steps as every export (see [`super`]).
 
-use super::{guard, process_api, required, to_c_pointer, write_optional};
+use super::{guard, process_api, required, to_c_pointer, write_range};
 use crate::backend::BackendError;
 use crate::runtime::{runtime, runtime_if_started};
 use crate::status::CupoolStatus::{self, *};
@@ -143,12 +143,9 @@ pub(super) unsafe extern "C" fn shareable_range(
     }
     guard(|| {
         let rt = runtime_if_started().ok_or(CupoolErrorInvalidPointer)?;
-        let (base, size) = rt
+        let range = rt
             .shareable_range(ptr as usize as u64)
             .ok_or(CupoolErrorInvalidPointer)?;
-        let base = to_c_pointer(base)?;
-        write_optional(base_out, base);
-        write_optional(size_out, usize::try_from(size).unwrap_or(usize::MAX));
-        Ok(())
+        write_range(range, base_out, size_out)
     })
 }

@@ -67,8 +67,9 @@ struct InFlight {
     len: usize,
     /// The number of the newest fence recorded (a record that failed leaves it).
     newest: u64,
-    /// Queries of fences made so far (the `fence_queries` statistic), counted under the
-    /// lock so the threads' path has no counter of its own to share.
+    /// Fences recorded and queries made so far (the `fences_recorded` and `fence_queries`
+    /// statistics), counted under the lock so the threads' path has no counter to share.
+    recorded: u64,
     queries: u64,
 }
 
@@ -105,6 +106,7 @@ impl FenceClock {
                 head: 0,
                 len: 0,
                 newest: 0,
+                recorded: 0,
                 queries: 0,
             }),
         }
@@ -145,6 +147,7 @@ impl FenceClock {
             // Numbered before it is recorded (Note [shared thread fences]).
             let seq = self.started.fetch_add(1, AcqRel) + 1;
             if let Some(fence) = device.record() {
+                f.recorded += 1;
                 f.push(seq, fence);
                 self.retire(&mut f, device);
             }
@@ -167,9 +170,10 @@ impl FenceClock {
         }
     }
 
-    /// Queries of fences made so far (statistics; takes the lock).
-    pub fn queries(&self) -> u64 {
-        self.in_flight.lock().queries
+    /// Fences recorded and queries made so far (statistics; takes the lock).
+    pub fn recorded_and_queries(&self) -> (u64, u64) {
+        let f = self.in_flight.lock();
+        (f.recorded, f.queries)
     }
 
     /// The number of the newest fence begun (the model check's device reads it).

@@ -203,12 +203,7 @@ impl FenceRecorder for ThreadFences<'_> {
         // Note [capture exclusion].
         let _calls = pool.enter_ordering_calls()?;
         match pool.backend.record_context_fence(pool.ctx.id) {
-            Ok(ev) => {
-                pool.fence_side
-                    .thread_fences
-                    .fetch_add(1, Ordering::Relaxed);
-                Some(ev.0)
-            }
+            Ok(ev) => Some(ev.0),
             Err(e) => {
                 crate::log::debug(&format!("cupool: context fence failed: {e:?}"));
                 None

@@ -154,9 +154,9 @@ impl Taken {
     }
 
     /// Freed without a stream: kept by the calling thread's cache when it can (Note
-    /// [thread fences]), otherwise to the pool's fence queue.
+    /// [thread fences]), otherwise to the pool's fence queue. `c` is the calling thread's
+    /// counters for the block's pool.
     #[inline]
-    /// `c` is the calling thread's counters for the block's pool.
     pub fn to_fence_or_keep(self, cache: Option<&mut ThreadCache>, c: &ThreadCounters) {
         if let Some(cache) = cache {
             if cache.put_streamless(self.pool, c, self.idx, self.size) {

@@ -340,10 +340,8 @@ struct FenceSide {
     /// Captures open in this pool's context, and the driver calls they exclude (Note
     /// [capture exclusion] in `capture.rs`).
     captures: capture::CaptureExclusion,
-    /// Fences threads recorded for the streamless frees they keep (Note [thread fences]),
-    /// counted without the pool lock.
-    thread_fences: AtomicU64,
-    /// Those fences, shared by every thread's kept batches (Note [shared thread fences]).
+    /// The context fences that cover the streamless frees threads keep (Note [thread
+    /// fences]), shared by every thread's kept batches (Note [shared thread fences]).
     thread_clock: fence_clock::FenceClock,
 }
 
@@ -377,7 +375,6 @@ impl DevicePool {
             limit: AtomicU64::new(LIMIT_FROM_CONFIG),
             fence_side: LineApart(FenceSide {
                 captures: capture::CaptureExclusion::new(),
-                thread_fences: AtomicU64::new(0),
                 thread_clock: fence_clock::FenceClock::new(),
             }),
             device_total: AtomicU64::new(0),

@@ -53,7 +53,8 @@ impl DevicePool {
         s.device_frees = slow.device_frees;
         s.alloc_retries = slow.retries;
         s.num_ooms = slow.ooms;
-        s.fences_recorded = slow.fences + self.fence_side.thread_fences.load(Ordering::Relaxed);
+        let (thread_fences, thread_queries) = self.fence_side.thread_clock.recorded_and_queries();
+        s.fences_recorded = slow.fences + thread_fences;
         s.cross_stream_frees = slow.cross_stream;
         s.inactive_split_bytes = frag.inactive_split;
         // Blocks threads keep after streamless frees wait for a fence too (Note [thread
@@ -64,7 +65,7 @@ impl DevicePool {
         s.granules = frag.granules;
         s.grow_waits = slow.grow_waits;
         s.grow_wait_us = slow.grow_wait_ns / 1000;
-        s.fence_queries = slow.fence_queries + self.fence_side.thread_clock.queries();
+        s.fence_queries = slow.fence_queries + thread_queries;
         s
     }
 

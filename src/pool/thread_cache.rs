@@ -299,25 +299,16 @@ impl ThreadCache {
         self.flush_ready();
     }
 
-    /// Gives back the blocks of one pool (before that pool's OOM retry).
-    /// Gives every block of `pool` this cache holds back to it; returns whether some went
-    /// to its fence queue (kept streamless frees no completed fence covers yet).
+    /// Gives every block of `pool` this cache holds back to it (before that pool grows,
+    /// and before its OOM retry); returns whether some went to its fence queue (kept
+    /// streamless frees no completed fence covers yet).
     pub fn flush_pool(&mut self, pool: u16) -> bool {
         for pos in 0..SLOTS {
             if self.slots[pos].pool == pool {
                 self.flush_slot(pos);
             }
         }
-        let mut to_fence = false;
-        for k in 0..KEPT_BATCHES {
-            if self.kept[k].pool == pool {
-                to_fence |= self.flush_kept(k);
-            }
-        }
-        if self.ready.pool == pool {
-            self.flush_ready();
-        }
-        to_fence
+        self.flush_streamless(pool)
     }
 
     pub fn bytes(&self) -> u64 {

@@ -216,16 +216,19 @@ impl ThreadCache {
         found
     }
 
-    /// Gives the blocks this thread keeps for `pool` back to it.
-    fn flush_streamless(&mut self, pool: u16) {
+    /// Gives the blocks this thread keeps for `pool` back to it; returns whether some went
+    /// to its fence queue.
+    pub(super) fn flush_streamless(&mut self, pool: u16) -> bool {
+        let mut to_fence = false;
         for k in 0..KEPT_BATCHES {
             if self.kept[k].pool == pool {
-                self.flush_kept(k);
+                to_fence |= self.flush_kept(k);
             }
         }
         if self.ready.pool == pool {
             self.flush_ready();
         }
+        to_fence
     }
 
     #[inline]

@@ -53,7 +53,7 @@ impl Runtime {
         let Some(block) = self.lookup_containing(ptr) else {
             return Ok(None);
         };
-        if let Some((block, export)) = self.export_arena_block(block.ptr)? {
+        if let Some(export) = Self::export_arena(&block)? {
             return arena::export(&block, &export).map(Some);
         }
         let segment = self.backend.ipc_get_handle(block.segment_base)?;
@@ -135,12 +135,15 @@ impl Runtime {
         let Some(block) = self.lookup_containing(ptr).filter(|b| b.ptr == ptr) else {
             return Ok(None);
         };
-        let Some(pool) = crate::pool::handover::pool_holding(ptr) else {
-            return Ok(None);
-        };
-        Ok(pool
-            .export_arena_block(block.ptr, block.size)?
-            .map(|export| (block, export)))
+        Ok(Self::export_arena(&block)?.map(|export| (block, export)))
+    }
+
+    /// [`Runtime::export_arena_block`] of a block already looked up.
+    fn export_arena(block: &BlockInfo) -> BackendResult<Option<ArenaExport>> {
+        match crate::pool::handover::pool_holding(block.ptr) {
+            Some(pool) => pool.export_arena_block(block.ptr, block.size),
+            None => Ok(None),
+        }
     }
 
     /// Maps memory another process exported: `chunks` are this process's descriptors of

@@ -3,7 +3,7 @@
 // call, medians of 200 000 iterations; then how soon a fence completes. Nothing of cupool is
 // called, so running it with and without LD_PRELOAD of a cupool library shows whether the
 // library's presence changes what the driver's calls cost:
-//   nvcc -O2 -std=c++17 -arch=native -Igpu gpu/tools/fence_cost.cu -o fence_cost -ldl
+//   nvcc -O2 -std=c++17 -arch=native -Igpu gpu/tools/fence_cost.cu -o fence_cost -ldl -lcuda
 //   ./fence_cost plain; LD_PRELOAD=libcupool.so ./fence_cost api
 //   LD_PRELOAD=libcupool_preload.so ./fence_cost preload
 // What ran before the loop (docs/BENCHMARKS.md, "Session of 2026-11-27 (second)"):
@@ -11,6 +11,18 @@
 //   FENCE_ALLOC=BYTES    one cudaMalloc written and freed
 //   FENCE_KERNEL=1 / FENCE_STEPS=mask   a kernel on a non-blocking stream, in parts (below)
 //   FENCE_PROBE=1        cuStreamIsCapturing(legacy) before each record, as the C API's pool
+//   FENCE_RESET=k        after FENCE_STEPS, one call that might end the slow query (below)
+// Other ways to learn that a fence completed ("Session of 2026-11-27 (third)"), each a loop
+// of its own before the plain one: after the context fence a private non-blocking stream
+// waits on it (cuStreamWaitEvent), then
+//   FENCE_HOSTWORD=1     writes the fence's number into a mapped host word
+//                        (cuStreamWriteValue64): completion is a load;
+//   FENCE_HOSTWORD=2     nothing more (does the wait change what the query costs?);
+//   FENCE_HOSTWORD=3     records an event of its own, which is queried instead.
+//   HOSTWORD <label> record_ns=.. (all calls) load_ns=.. (the check) prev_done=..% new_done=..%
+//   SPLIT <label> record_ns=.. wait_ns=.. write_ns=..   (the calls apart)
+//   HYBRID <label> query_ns=.. (mode 1: a load, then cuEventQuery when the word has not landed)
+//   HOSTLAT <label> delay_ns=.. complete_at_first_load=..% median_ns_to_complete=..
 // Prints: FENCE <label> record_ns=.. query_prev_ns=.. query_new_ns=.. prev_done=..% new_done=..%
 //         LATENCY <label> delay_ns=.. complete_at_first_query=..% median_ns_to_complete=..
 // and, where a cupool library is preloaded, the same loop through its pinned pool:
@@ -30,13 +42,132 @@ typedef CUresult (*record_fn)(CUcontext, CUevent);
 typedef CUresult (*query_fn)(CUevent);
 typedef CUresult (*create_fn)(CUevent *, unsigned);
 typedef CUresult (*ctx_fn)(CUcontext *);
-typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
+                           CUdriverProcAddressQueryResult *);
 
 __device__ uint8_t g_scratch[1 << 20];
+static cudaStream_t g_work_stream = 0;  // the stream FENCE_STEPS ran its kernel on
 
 static double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+typedef CUresult (*wait_fn)(CUstream, CUevent, unsigned);
+typedef CUresult (*write64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+
+// The host-word fence (FENCE_HOSTWORD=1): see the header comment.
+static void host_word_loop(const char *label, CUcontext ctx, record_fn record, query_fn query,
+                           gpa_fn gpa) {
+  void *p = nullptr;
+  CUdriverProcAddressQueryResult q;
+  gpa("cuStreamWaitEvent", &p, 3020, 0, &q);
+  wait_fn wait = (wait_fn)p;
+  gpa("cuStreamWriteValue64", &p, 12000, 0, &q);
+  write64_fn write64 = (write64_fn)p;
+  int dev = 0, ops = 0;
+  CK(cudaGetDevice(&dev));
+  cuDeviceGetAttribute(&ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev);
+  if (!wait || !write64) {
+    printf("HOSTWORD %s unavailable (no cuStreamWriteValue64)\n", label);
+    return;
+  }
+  printf("HOSTWORD %s mem_ops_64=%d\n", label, ops);
+  volatile uint64_t *word = nullptr;
+  CK(cudaHostAlloc((void **)&word, 64, cudaHostAllocMapped));
+  *word = 0;
+  CUdeviceptr dword;
+  if (cuMemHostGetDevicePointer(&dword, (void *)word, 0) != CUDA_SUCCESS) {
+    printf("HOSTWORD %s unavailable (no device pointer)\n", label);
+    return;
+  }
+  CUstream priv;
+  CK(cudaStreamCreateWithFlags((cudaStream_t *)&priv, cudaStreamNonBlocking));
+  const int n = 200000, ring = 8;
+  CUevent ev[ring];
+  for (int i = 0; i < ring; i++) cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING);
+  uint64_t seq = 0;
+  // FENCE_HOSTWORD=2: the wait only, no write (does a wait on the fence change what its
+  // driver query costs?); the three calls are timed apart in SPLIT.
+  bool wait_only = atoi(getenv("FENCE_HOSTWORD")) == 2;
+  // FENCE_HOSTWORD=3: instead of the write, an event recorded on the private stream after
+  // its wait (a stream event standing for the context fence); queried instead of the word.
+  bool relay = atoi(getenv("FENCE_HOSTWORD")) == 3;
+  CUevent relay_ev[8];
+  for (auto &e : relay_ev) cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
+  std::vector<double> t_rec, t_wait, t_write;
+  auto fence = [&](CUevent e) -> uint64_t {
+    double a = now_ns();
+    record(ctx, e);
+    double b = now_ns();
+    wait(priv, e, 0);
+    double c = now_ns();
+    ++seq;
+    if (relay) {
+      cuEventRecord(relay_ev[seq % 8], priv);
+    } else if (!wait_only) {
+      CUresult r = write64(priv, dword, seq, 0);
+      if (r != CUDA_SUCCESS) {
+        printf("HOSTWORD %s write failed %d\n", label, (int)r);
+        exit(1);
+      }
+    }
+    double d = now_ns();
+    t_rec.push_back(b - a);
+    t_wait.push_back(c - b);
+    t_write.push_back(d - c);
+    return seq;
+  };
+  std::vector<double> rec, lprev, lnew, hyb;
+  long prev_done = 0, new_done = 0, hyb_queries = 0;
+  uint64_t last = fence(ev[0]);
+  for (int i = 1; i < n; i++) {
+    double t0 = now_ns();
+    uint64_t mine = fence(ev[i % ring]);
+    double t1 = now_ns();
+    bool done = relay ? query(relay_ev[last % 8]) == CUDA_SUCCESS : *word >= last;
+    double t2 = now_ns();
+    prev_done += done;
+    // HYBRID: what a poll costs that falls back to the driver when the word has not landed.
+    if ((!done && !relay) || wait_only) {
+      hyb_queries++;
+      query(ev[(i - 1) % ring]);
+    }
+    hyb.push_back(now_ns() - t1);
+    if (i % 2 == 0) {
+      double t3 = now_ns();
+      new_done += relay ? query(relay_ev[mine % 8]) == CUDA_SUCCESS : *word >= mine;
+      lnew.push_back(now_ns() - t3);
+    }
+    rec.push_back(t1 - t0);
+    lprev.push_back(t2 - t1);
+    last = mine;
+  }
+  CK(cudaStreamSynchronize((cudaStream_t)priv));
+  printf("HOSTWORD %s record_ns=%.1f load_ns=%.1f prev_done=%.1f%% new_done=%.1f%% final_ok=%d\n",
+         label, median(rec), median(lprev), 100.0 * prev_done / (n - 1),
+         100.0 * new_done / lnew.size(), relay || *word == seq);
+  printf("SPLIT %s record_ns=%.1f wait_ns=%.1f write_ns=%.1f\n", label, median(t_rec),
+         median(t_wait), median(t_write));
+  printf("HYBRID %s query_ns=%.1f driver_queries=%.1f%%\n", label, median(hyb),
+         100.0 * hyb_queries / (n - 1));
+  if (wait_only) return;
+  for (int delay_ns : {0, 500, 1000, 2000, 5000}) {
+    std::vector<double> lat;
+    long first_done = 0;
+    for (int i = 0; i < 2000; i++) {
+      uint64_t mine = fence(ev[0]);
+      double t0 = now_ns();
+      while (now_ns() - t0 < delay_ns) {
+      }
+      bool first = true;
+      while (relay ? query(relay_ev[mine % 8]) != CUDA_SUCCESS : *word < mine) first = false;
+      first_done += first;
+      lat.push_back(now_ns() - t0);
+    }
+    printf("HOSTLAT %s delay_ns=%d complete_at_first_load=%.1f%% median_ns_to_complete=%.0f\n",
+           label, delay_ns, 100.0 * first_done / 2000, median(lat));
+  }
 }
 
 int main(int argc, char **argv) {
@@ -89,7 +220,7 @@ int main(int argc, char **argv) {
   int steps = getenv("FENCE_KERNEL") ? 1 | 2 | 4 | 16 : 0;
   if (getenv("FENCE_STEPS")) steps = atoi(getenv("FENCE_STEPS"));
   if (steps) {
-    cudaStream_t st = 0;
+    cudaStream_t &st = g_work_stream;
     if (steps & 1) CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     uint8_t *d = nullptr;
     if (steps & 2) CK(cudaMalloc(&d, 1 << 20));
@@ -103,6 +234,27 @@ int main(int argc, char **argv) {
     if (steps & 16) CK(cudaStreamSynchronize(st));  // 16: the stream, not the device
     else CK(cudaDeviceSynchronize());
     if (d && !(steps & 32)) CK(cudaFree(d));  // 32: the buffer stays allocated
+  }
+  // FENCE_RESET=k, after FENCE_STEPS: what, short of synchronising the device, ends the slow
+  // query. 1: cuEventSynchronize of a completed context fence; 2: cuStreamQuery of the
+  // stream that ran the kernel; 3: cuStreamSynchronize of that stream again; 4: a fresh
+  // non-blocking stream synchronised; 5: cuCtxSynchronize (the known way).
+  if (getenv("FENCE_RESET")) {
+    int how = atoi(getenv("FENCE_RESET"));
+    CUevent e;
+    create(&e, CU_EVENT_DISABLE_TIMING);
+    record(ctx, e);
+    while (query(e) != CUDA_SUCCESS) {
+    }
+    if (how == 1) CK((cudaError_t)cuEventSynchronize(e));
+    if (how == 2) printf("RESET stream query %d\n", (int)cuStreamQuery((CUstream)g_work_stream));
+    if (how == 3) CK(cudaStreamSynchronize(g_work_stream));
+    if (how == 4) {
+      cudaStream_t fresh;
+      CK(cudaStreamCreateWithFlags(&fresh, cudaStreamNonBlocking));
+      CK(cudaStreamSynchronize(fresh));
+    }
+    if (how == 5) CK((cudaError_t)cuCtxSynchronize());
   }
   // FENCE_PROBE=1: ask cuStreamIsCapturing on the legacy stream before each record, as
   // cupool's pool does through its C API (the interposer does not).
@@ -136,6 +288,7 @@ int main(int argc, char **argv) {
     rec.push_back(t1 - t0);
     qprev.push_back(t2 - t1);
   }
+  if (getenv("FENCE_HOSTWORD")) host_word_loop(label, ctx, record, query, gpa);
   typedef int (*host_alloc_fn)(void **, size_t);
   typedef int (*host_free_fn)(void *);
   host_alloc_fn halloc = (host_alloc_fn)dlsym(RTLD_DEFAULT, "cupool_host_alloc");
@@ -171,8 +324,8 @@ int main(int argc, char **argv) {
       first_done += first;
       lat.push_back(now_ns() - t0);
     }
-    printf("LATENCY %s delay_ns=%d complete_at_first_query=%.1f%% median_ns_to_complete=%.0f\n", label,
-           delay_ns, 100.0 * first_done / 2000, median(lat));
+    printf("LATENCY %s delay_ns=%d complete_at_first_query=%.1f%% median_ns_to_complete=%.0f\n",
+           label, delay_ns, 100.0 * first_done / 2000, median(lat));
   }
   return 0;
 }

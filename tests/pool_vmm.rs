@@ -604,6 +604,49 @@ fn a_buffer_freed_on_its_stream_moves_to_a_larger_one_instead_of_holding_two() {
     cupool::config::set("vmm", "off").unwrap();
 }
 
+/// Note [wait before growing], the second rule: a request that the arena's stealable memory
+/// covers but for a little waits when frees awaiting their fence cover that little, though
+/// they are far from half of the request: waiting saves the whole growth.
+#[test]
+fn a_request_waits_when_pending_frees_cover_what_the_arena_would_create() {
+    use cupool::trace::replay::{replay, ReplayOptions};
+    use cupool::trace::{Action, Trace, TraceEvent};
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, _host, _ctx) = vmm_setup(true);
+    // Each free records its fence at once, so that X's has completed by the request.
+    let _batch = OptionFor::set("fence_batch", "1");
+    let event = |t: u64, action, ptr, size| {
+        let mut ev = TraceEvent::rmm(1, t, action, ptr, size, 0);
+        ev.streamless = true;
+        ev
+    };
+    let (x, y, z) = (0x7f00_0000_0000, 0x7f01_0000_0000, 0x7f02_0000_0000);
+    let events = vec![
+        event(0, Action::Allocate, x, 200 * MIB),
+        event(10, Action::Allocate, y, 60 * MIB),
+        // X's fence completes long before Y is freed: X's memory is the arena's to move.
+        event(20, Action::Free, x, 200 * MIB),
+        event(20_000, Action::Free, y, 60 * MIB),
+        // 250 MiB at once: X's 200 MiB and 50 MiB more, which Y (awaiting its fence, a
+        // quarter of the request) covers.
+        event(20_010, Action::Allocate, z, 250 * MIB),
+        event(20_020, Action::Free, z, 250 * MIB),
+    ];
+    let t = Trace::from_events(events, Vec::new());
+    let opts = ReplayOptions {
+        gpu_lag_us: 5000,
+        ..ReplayOptions::default()
+    };
+    let r = replay(rt, &t, &opts, &mut |_| {}).unwrap();
+    assert!(r.simulated_wait_us > 0, "waited for Y's fence");
+    assert!(
+        r.peak_reserved_bytes <= 260 * MIB + 2 * G,
+        "Z in X's and Y's memory: {} MiB held",
+        r.peak_reserved_bytes / MIB
+    );
+    cupool::config::set("vmm", "off").unwrap();
+}
+
 /// Note [arena in snapshots]: the layout walk shows the arena as its mapped runs, each a
 /// segment that its blocks tile, and not as one reserved range of a terabyte.
 #[test]

@@ -337,3 +337,42 @@ fn an_empty_trace_replays_to_nothing() {
     assert_eq!(r.utilization, None);
     assert!(r.to_json(true).contains("\"utilization\":null"));
 }
+
+/// Note [per-thread replay]: a block one thread freed sits in that thread's cache, out of
+/// another thread's reach; the per-thread replay shows what that costs, the one-thread
+/// replay does not. The workers' caches go back to the pool when they end.
+#[test]
+fn a_per_thread_replay_keeps_each_threads_cache_its_own() {
+    const MIB: u64 = 1 << 20;
+    let on = |thread: u64, action, ptr| TraceEvent::rmm(thread, 0, action, ptr, 16 * MIB, S1);
+    // Thread 1 frees a 16 MiB block (a segment of its own) on S1; thread 2 then wants 16 MiB
+    // on S1.
+    let t = trace(vec![
+        on(1, Action::Allocate, 0x1000),
+        on(1, Action::Free, 0x1000),
+        on(2, Action::Allocate, 0x2000),
+        on(2, Action::Free, 0x2000),
+    ]);
+    let one = run(&t).unwrap();
+    assert_eq!(
+        one.peak_reserved_bytes,
+        16 * MIB,
+        "the freed block served both"
+    );
+    let opts = ReplayOptions {
+        per_thread: true,
+        ..ReplayOptions::default()
+    };
+    let per = replay(rt(), &t, &opts, &mut |_| {}).unwrap();
+    assert_eq!(
+        per.peak_reserved_bytes,
+        32 * MIB,
+        "thread 2 could not reach the block in thread 1's cache"
+    );
+    assert_eq!((per.allocs, per.frees), (2, 2));
+    assert_eq!(
+        per.reserved_after_empty_cache, 0,
+        "the workers' caches went back"
+    );
+    assert_eq!(per.released_at_end_bytes, 32 * MIB);
+}

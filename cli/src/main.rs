@@ -72,6 +72,10 @@ pub struct ReplayArgs {
     /// fences complete at once).
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 0)]
     pub gpu_lag_us: u64,
+    /// Host backend: replay each thread of the trace on a thread of its own, one event at
+    /// a time in trace order, so each has its own thread cache as in the traced program.
+    #[arg(long)]
+    pub per_thread: bool,
 }
 
 /// Runs a program with its CUDA allocations served by cupool (under libcupool_preload.so,

@@ -53,6 +53,7 @@ pub fn execute(args: &ReplayArgs) -> Result<(), String> {
     let opts = ReplayOptions {
         max_events: args.max_events,
         gpu_lag_us: args.gpu_lag_us,
+        per_thread: args.per_thread,
         ..ReplayOptions::default()
     };
     let report =

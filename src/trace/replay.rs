@@ -3,7 +3,9 @@
 //! reserved), its driver calls and the time per operation.
 //!
 //! One thread, one order: a replay is deterministic on the host backend, which is what makes
-//! it an instrument (the same trace gives the same peaks on every machine). On the host
+//! it an instrument (the same trace gives the same peaks on every machine). With
+//! `per_thread` each thread of the trace replays on a worker thread of its own, still one
+//! event at a time in trace order (Note [per-thread replay]). On the host
 //! backend the replay runs in a context of its own, so replays in one process (tests) never
 //! share a pool or statistics; on the cuda backend it runs in the calling thread's current
 //! context (device 0's primary context when it has none).
@@ -29,6 +31,7 @@ use crate::stats::CupoolStats;
 use crate::status::CupoolStatus;
 use crate::trace::{Action, Position, Trace, TraceError, TraceEvent};
 use std::collections::{HashMap, HashSet};
+use std::sync::mpsc;
 use std::time::Instant;
 
 mod json;
@@ -52,6 +55,10 @@ pub struct ReplayOptions {
     /// behind the program, so a fence completes that long after it was recorded (0: at
     /// once). A model of a GPU that is behind the CPU, for the frees that wait for fences.
     pub gpu_lag_us: u64,
+    /// Host backend only: replay each thread of the trace on a thread of its own (still
+    /// one event at a time, in trace order), so that what one thread's cache holds is out
+    /// of another's reach, as in the traced program (Note [per-thread replay]).
+    pub per_thread: bool,
 }
 
 impl Default for ReplayOptions {
@@ -61,6 +68,7 @@ impl Default for ReplayOptions {
             samples: 2000,
             progress_every: 1 << 14,
             gpu_lag_us: 0,
+            per_thread: false,
         }
     }
 }
@@ -104,9 +112,24 @@ pub fn replay(
         free_ns: Vec::new(),
         counts: Counts::default(),
         at_peak: None,
+        workers: None,
     };
     let waited_before = rt.host_backend().map_or(0, |h| h.waited_us());
-    let result = r.run(trace, opts, progress);
+    let result = match rt.host_backend().filter(|_| opts.per_thread) {
+        Some(host) => std::thread::scope(|scope| {
+            r.workers = Some(Workers::start(scope, rt, host, ctx, trace));
+            let result = r.run(trace, opts, progress);
+            // Their senders gone, the workers end, and their thread caches flush into the
+            // pool before the clean-up below (the scope joins them).
+            r.workers = None;
+            result
+        }),
+        None if opts.per_thread => Err(TraceError::new(
+            Position::File,
+            "a per-thread replay needs the host backend".to_string(),
+        )),
+        None => r.run(trace, opts, progress),
+    };
     // Before the cleanup's empty_cache releases the arena with its counters.
     let vmm = rt
         .context_pool(ctx)
@@ -234,6 +257,8 @@ struct Replayer<'a> {
     counts: Counts,
     /// See [`FootprintAtPeak`].
     at_peak: Option<FootprintAtPeak>,
+    /// The worker threads of a per-thread replay (Note [per-thread replay]).
+    workers: Option<Workers>,
 }
 
 /// Whether the traced program's call failed (then there is nothing to replay).
@@ -440,12 +465,8 @@ impl Replayer<'_> {
         } else {
             Some(self.stream(ev.stream, ev.stream_id)?)
         };
-        let start = Instant::now();
-        let result = match stream {
-            None => self.rt.alloc(size),
-            Some(s) => self.rt.alloc_async(size, s),
-        };
-        self.alloc_ns.push(elapsed_ns(start));
+        let (result, ns) = self.call(ev.thread, Op::Alloc { size, stream });
+        self.alloc_ns.push(ns);
         let replayed = match result {
             Ok(p) => {
                 self.counts.allocs += 1;
@@ -490,12 +511,8 @@ impl Replayer<'_> {
         } else {
             Some(self.stream(ev.stream, ev.stream_id)?)
         };
-        let start = Instant::now();
-        let result = match stream {
-            None => self.rt.free(ptr),
-            Some(s) => self.rt.free_async(ptr, s),
-        };
-        self.free_ns.push(elapsed_ns(start));
+        let (result, ns) = self.call(ev.thread, Op::Free { ptr, stream });
+        self.free_ns.push(ns);
         result
             .map_err(|e| format!("replaying the free of {:#x} failed: {}", ev.ptr, e.as_str()))?;
         self.counts.frees += 1;
@@ -531,6 +548,100 @@ impl Replayer<'_> {
             .context_pool(self.ctx)
             .map_err(|e| bad("finding the pool", e))?;
         Ok((freed, released, pool.reserved()))
+    }
+}
+
+/// One pool call of a replayed event.
+#[derive(Copy, Clone)]
+enum Op {
+    Alloc {
+        size: usize,
+        stream: Option<StreamHandle>,
+    },
+    Free {
+        ptr: u64,
+        stream: Option<StreamHandle>,
+    },
+}
+
+/// An operation's outcome (the block's address for an allocation) and its time in ns.
+type Done = (Result<u64, CupoolStatus>, u32);
+
+impl Op {
+    fn run(self, rt: &Runtime) -> Done {
+        let start = Instant::now();
+        let result = match self {
+            Op::Alloc { size, stream: None } => rt.alloc(size),
+            Op::Alloc {
+                size,
+                stream: Some(s),
+            } => rt.alloc_async(size, s),
+            Op::Free { ptr, stream: None } => rt.free(ptr).map(|()| 0),
+            Op::Free {
+                ptr,
+                stream: Some(s),
+            } => rt.free_async(ptr, s).map(|()| 0),
+        };
+        (result, elapsed_ns(start))
+    }
+}
+
+/// Note [per-thread replay]: a program's threads each have a thread cache (blocks they
+/// freed, reused by them without a lock), and a block in one thread's cache is out of
+/// another's reach until it goes back to the pool. A replay on one thread merges them into
+/// one cache and so understates what the pool holds for a program whose threads allocate
+/// and free (PyTorch's autograd runs the backward pass on a thread of its own). With
+/// `per_thread`, every thread of the trace gets a worker thread in the replay's context,
+/// and each event runs on its thread's worker while the replay waits for it: one event at
+/// a time, in trace order, so the replay stays deterministic.
+struct Workers {
+    to: HashMap<u64, mpsc::Sender<Op>>,
+    back: mpsc::Receiver<Done>,
+}
+
+impl Workers {
+    fn start<'scope, 'env>(
+        scope: &'scope std::thread::Scope<'scope, 'env>,
+        rt: &'env Runtime,
+        host: &'env crate::backend::host::HostBackend,
+        ctx: ContextInfo,
+        trace: &Trace,
+    ) -> Workers {
+        let (done, back) = mpsc::channel();
+        let mut to = HashMap::new();
+        for ev in &trace.events {
+            if to.contains_key(&ev.thread) {
+                continue;
+            }
+            let (send, ops) = mpsc::channel::<Op>();
+            let done = done.clone();
+            scope.spawn(move || {
+                host.make_current(ctx);
+                for op in ops {
+                    if done.send(op.run(rt)).is_err() {
+                        break;
+                    }
+                }
+            });
+            to.insert(ev.thread, send);
+        }
+        Workers { to, back }
+    }
+}
+
+impl Replayer<'_> {
+    /// Runs `op` on the worker of trace thread `thread` (a per-thread replay), else here.
+    fn call(&mut self, thread: u64, op: Op) -> Done {
+        let Some(w) = &self.workers else {
+            return op.run(self.rt);
+        };
+        // Every thread of the trace has a worker, and a worker only ends when its sender
+        // is dropped: a lost worker can only be one that panicked.
+        let sent = w.to.get(&thread).is_some_and(|s| s.send(op).is_ok());
+        match sent.then(|| w.back.recv().ok()).flatten() {
+            Some(done) => done,
+            None => (Err(CupoolStatus::CupoolErrorInternal), 0),
+        }
     }
 }
 

@@ -283,25 +283,29 @@ impl DevicePool {
     /// In the VMM arena, memory freed without a stream need not cover the whole request:
     /// once drained, its chunks move to the new block (Note [chunks]), which then needs new
     /// memory only for the rest. So a large request also waits when such frees cover half
-    /// of it, or all the memory the arena would create for it (the request less the idle
-    /// and stealable memory it holds, which moves to it anyway): waiting then saves the
-    /// whole growth. The second rule, host replays at `--gpu-lag-us 5000` / 1000:
-    /// `conv_train.torch` 97.17% → 98.06% / unchanged, `many_large_sizes` 94.06% → 95.49%
-    /// / 95.28%, `small_huge_interleaved` over 8 seeds +3.3 / +5.1 points on average (one
-    /// seed −8.2 at 5000: its peak moved to another event), `multistream` −0.4 / −0.3,
-    /// `synthetic/streamless` 91.15% → 89.80%; lag 0 unchanged (docs/BENCHMARKS.md). A buffer freed and allocated again a little larger every step while the
+    /// of it. A buffer freed and allocated again a little larger every step while the
     /// device is behind (a KV cache grown by `torch.cat`) otherwise holds two copies: host
     /// replays with `--gpu-lag-us 5000`, `synthetic/growing` 49.97% → 99.37% utilization,
     /// `small_huge_interleaved` 82.94% → 95.03%, `streamless` 83.35% → 89.47%,
-    /// `conv_train.cupool` 95.54% → 96.77% (docs/BENCHMARKS.md). The requesting stream's
-    /// own frees count toward that half as well: no block of them fits (the fit above
-    /// would have taken it), but once fenced their chunks move just the same. Without them, PyTorch's frees through
-    /// `cupool.torch.enable()` (all on one stream) sat beside the new memory while the
-    /// device was behind: `--gpu-lag-us 5000`, `gpt_train.torch` 92.89% → 96.63%,
-    /// `llm_generate.torch` 96.81% → 97.88%, `conv_train.torch` 96.84% → 97.17% (at the
-    /// peak of the first, 347 MiB of them). Frees made on other streams are left out of
-    /// the half: counting every stream's made `multistream` wait and fragment (93.62% →
-    /// 90.97%).
+    /// `conv_train.cupool` 95.54% → 96.77% (docs/BENCHMARKS.md).
+    ///
+    /// The requesting stream's own frees count toward that half as well: no block of them
+    /// fits (the fit above would have taken it), but once fenced their chunks move just the
+    /// same. Without them, PyTorch's frees through `cupool.torch.enable()` (all on one
+    /// stream) sat beside the new memory while the device was behind: `--gpu-lag-us 5000`,
+    /// `gpt_train.torch` 92.89% → 96.63%, `llm_generate.torch` 96.81% → 97.88%,
+    /// `conv_train.torch` 96.84% → 97.17% (at the peak of the first, 347 MiB of them).
+    /// Frees made on other streams are left out: counting every stream's made
+    /// `multistream` wait and fragment (93.62% → 90.97%).
+    ///
+    /// And the request waits when those frees cover all the memory the arena would create
+    /// for it (the request less the idle and stealable memory it holds, which moves to it
+    /// anyway), however small a share of the request that is: waiting then saves the whole
+    /// growth. Host replays at `--gpu-lag-us` 5000 / 1000: `conv_train.torch` 97.17% →
+    /// 98.06% / unchanged, `many_large_sizes` 94.06% → 95.49% / 95.28%,
+    /// `small_huge_interleaved` over 8 seeds +3.3 / +5.1 points on average (one seed −8.2
+    /// at 5000: its peak moved to another event), `multistream` −0.4 / −0.3 on average,
+    /// `synthetic/streamless` 91.15% → 89.80%; lag 0 unchanged.
     pub(super) fn wait_before_growing(&self, c: &ThreadCounters, req: Request) -> Option<u64> {
         let bound = config::get(Key::GrowWaitUs);
         if bound == 0 || !self.may_order() {

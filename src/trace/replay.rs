@@ -5,10 +5,10 @@
 //! One thread, one order: a replay is deterministic on the host backend, which is what makes
 //! it an instrument (the same trace gives the same peaks on every machine). With
 //! `per_thread` each thread of the trace replays on a worker thread of its own, still one
-//! event at a time in trace order (Note [per-thread replay]). On the host
-//! backend the replay runs in a context of its own, so replays in one process (tests) never
-//! share a pool or statistics; on the cuda backend it runs in the calling thread's current
-//! context (device 0's primary context when it has none).
+//! event at a time in trace order (Note [per-thread replay]). On the host backend the
+//! replay runs in a context of its own, so replays in one process (tests) never share a
+//! pool or statistics; on the cuda backend it runs in the calling thread's current context
+//! (device 0's primary context when it has none).
 //!
 //! What the trace says and what the replay does:
 //! - a streamless event (`cupool_alloc`/`cupool_free`, `cudaMalloc`/`cudaFree` under the
@@ -631,7 +631,7 @@ impl Workers {
 
 impl Replayer<'_> {
     /// Runs `op` on the worker of trace thread `thread` (a per-thread replay), else here.
-    fn call(&mut self, thread: u64, op: Op) -> Done {
+    fn call(&self, thread: u64, op: Op) -> Done {
         let Some(w) = &self.workers else {
             return op.run(self.rt);
         };

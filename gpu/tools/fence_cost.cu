@@ -53,18 +53,22 @@ static double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// A driver function by name and version through cuGetProcAddress; nullptr when missing.
+template <typename F>
+static F resolve(gpa_fn gpa, const char *name, int version) {
+  void *p = nullptr;
+  CUdriverProcAddressQueryResult q;
+  return gpa(name, &p, version, 0, &q) == CUDA_SUCCESS ? (F)p : nullptr;
+}
+
 typedef CUresult (*wait_fn)(CUstream, CUevent, unsigned);
 typedef CUresult (*write64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
 
 // The host-word fence (FENCE_HOSTWORD=1): see the header comment.
 static void host_word_loop(const char *label, CUcontext ctx, record_fn record, query_fn query,
                            gpa_fn gpa) {
-  void *p = nullptr;
-  CUdriverProcAddressQueryResult q;
-  gpa("cuStreamWaitEvent", &p, 3020, 0, &q);
-  wait_fn wait = (wait_fn)p;
-  gpa("cuStreamWriteValue64", &p, 12000, 0, &q);
-  write64_fn write64 = (write64_fn)p;
+  wait_fn wait = resolve<wait_fn>(gpa, "cuStreamWaitEvent", 3020);
+  write64_fn write64 = resolve<write64_fn>(gpa, "cuStreamWriteValue64", 12000);
   int dev = 0, ops = 0;
   CK(cudaGetDevice(&dev));
   cuDeviceGetAttribute(&ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev);
@@ -176,16 +180,10 @@ int main(int argc, char **argv) {
   void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (!cuda) cuda = dlopen("libcuda.so.1", RTLD_NOW);
   gpa_fn gpa = (gpa_fn)dlsym(cuda, "cuGetProcAddress_v2");
-  void *p = nullptr;
-  CUdriverProcAddressQueryResult q;
-  gpa("cuCtxRecordEvent", &p, 12050, 0, &q);
-  record_fn record = (record_fn)p;
-  gpa("cuEventQuery", &p, 2000, 0, &q);
-  query_fn query = (query_fn)p;
-  gpa("cuEventCreate", &p, 2000, 0, &q);
-  create_fn create = (create_fn)p;
-  gpa("cuCtxGetCurrent", &p, 4000, 0, &q);
-  ctx_fn current = (ctx_fn)p;
+  record_fn record = resolve<record_fn>(gpa, "cuCtxRecordEvent", 12050);
+  query_fn query = resolve<query_fn>(gpa, "cuEventQuery", 2000);
+  create_fn create = resolve<create_fn>(gpa, "cuEventCreate", 2000);
+  ctx_fn current = resolve<ctx_fn>(gpa, "cuCtxGetCurrent", 4000);
   CUcontext ctx;
   if (!record || !query || !create || !current || current(&ctx) != CUDA_SUCCESS) {
     printf("FENCE %s unavailable\n", label);
@@ -259,8 +257,8 @@ int main(int argc, char **argv) {
   // FENCE_PROBE=1: ask cuStreamIsCapturing on the legacy stream before each record, as
   // cupool's pool does through its C API (the interposer does not).
   typedef CUresult (*capturing_fn)(CUstream, CUstreamCaptureStatus *);
-  gpa("cuStreamIsCapturing", &p, 10000, 0, &q);
-  capturing_fn capturing = getenv("FENCE_PROBE") ? (capturing_fn)p : nullptr;
+  capturing_fn capturing =
+      getenv("FENCE_PROBE") ? resolve<capturing_fn>(gpa, "cuStreamIsCapturing", 10000) : nullptr;
   const int n = 200000, ring = 8;
   CUevent ev[ring];
   for (int i = 0; i < ring; i++) create(&ev[i], CU_EVENT_DISABLE_TIMING);

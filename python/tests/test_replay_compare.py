@@ -21,6 +21,8 @@ STAND_IN = textwrap.dedent(
     trace = os.path.basename(args[-1])
     conf = args[args.index("--conf") + 1] if "--conf" in args else ""
     lag = int(args[args.index("--gpu-lag-us") + 1])
+    if "--per-thread" in args:
+        lag += 1000  # the replay per thread holds a little more in this stand-in
     if trace.startswith("bad"):
         sys.exit("cupool: bad.csv line 3: no such pointer")
     util = {{"a.csv": 0.90, "b.csv.zst": 0.95}}[trace] - lag / 1e6
@@ -91,3 +93,15 @@ def test_a_missing_binary_is_a_usage_error(tmp_path):
                            str(tmp_path / "nothing")], capture_output=True, text=True)
     assert done.returncode == 2
     assert "is not an executable file" in done.stderr
+
+
+def test_per_thread_reaches_the_replays(tmp_path):
+    binary, corpus = setup(tmp_path)
+    one = json.loads(compare(binary, corpus, "--json").stdout)
+    per = compare(binary, corpus, "--per-thread", "--json")
+    assert per.returncode == 0, per.stderr
+    per = json.loads(per.stdout)
+    assert per["errors"] == []
+    before = {s["lag_us"]: s["before_mean"] for s in one["summary"]}
+    after = {s["lag_us"]: s["before_mean"] for s in per["summary"]}
+    assert abs(before[0] - after[0] - 0.1) < 1e-9, "every replay got --per-thread"

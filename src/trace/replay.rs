@@ -119,8 +119,8 @@ pub fn replay(
         Some(host) => std::thread::scope(|scope| {
             r.workers = Some(Workers::start(scope, rt, host, ctx, trace));
             let result = r.run(trace, opts, progress);
-            // Their senders gone, the workers end, and their thread caches flush into the
-            // pool before the clean-up below (the scope joins them).
+            // Their senders gone, the workers flush their thread caches into the pool and
+            // end; the scope joins them before the clean-up below.
             r.workers = None;
             result
         }),
@@ -622,6 +622,9 @@ impl Workers {
                         break;
                     }
                 }
+                // Now, not in the thread's exit: the scope may return before thread-local
+                // destructors have run, and the clean-up must find every block in the pool.
+                rt.flush_thread_cache();
             });
             to.insert(ev.thread, send);
         }

@@ -29,7 +29,7 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 use boundary::{
     c_text, copy_text_out, device_ordinal, device_selection, guard, required, stream_handle,
-    text_export, to_c_pointer, write_optional, write_range,
+    text_export, to_c_pointer, write_optional, write_range_of,
 };
 use CupoolStatus::*;
 

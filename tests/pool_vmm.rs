@@ -47,6 +47,20 @@ fn set_default(key: &str) {
     cupool::config::set(key, o.expect("a known option").default).unwrap();
 }
 
+/// Replays `t` on the host backend with its simulated device `lag_us` microseconds behind
+/// (the replay's model of a GPU behind the program).
+fn replay_lagging(
+    rt: &'static Runtime,
+    t: &cupool::trace::Trace,
+    lag_us: u64,
+) -> cupool::trace::replay::ReplayReport {
+    let opts = cupool::trace::replay::ReplayOptions {
+        gpu_lag_us: lag_us,
+        ..Default::default()
+    };
+    cupool::trace::replay::replay(rt, t, &opts, &mut |_| {}).unwrap()
+}
+
 /// An option set for one test and put back to its default when the test ends, failed or
 /// not, so that the tests after it run with the defaults.
 struct OptionFor(&'static str);
@@ -474,7 +488,6 @@ fn the_footprint_accounts_for_every_reserved_byte() {
 /// of the pool holding both. A free covering less than half of the request does not wait.
 #[test]
 fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
-    use cupool::trace::replay::{replay, ReplayOptions};
     use cupool::trace::{Action, Trace, TraceEvent};
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, _host, _ctx) = vmm_setup(true);
@@ -495,13 +508,9 @@ fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
         }
         Trace::from_events(events, Vec::new())
     };
-    let opts = |lag| ReplayOptions {
-        gpu_lag_us: lag,
-        ..ReplayOptions::default()
-    };
     // 64 MiB growing by 8 MiB up to 120 MiB; the device 5 ms behind.
     let t = grow(64 * MIB, 8 * MIB);
-    let lagging = replay(rt, &t, &opts(5000), &mut |_| {}).unwrap();
+    let lagging = replay_lagging(rt, &t, 5000);
     assert!(
         lagging.simulated_wait_us > 0,
         "each step waited for the fence"
@@ -512,7 +521,7 @@ fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
         lagging.peak_reserved_bytes / MIB
     );
     // With the device in step the same trace holds one copy too, and never waits.
-    let in_step = replay(rt, &t, &opts(0), &mut |_| {}).unwrap();
+    let in_step = replay_lagging(rt, &t, 0);
     assert_eq!(in_step.simulated_wait_us, 0);
     assert!(in_step.peak_reserved_bytes <= 120 * MIB + 2 * G);
     // Growing threefold each step: the old copy covers a third of the new one, too little
@@ -527,7 +536,7 @@ fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
         })
         .collect();
     let t = Trace::from_events(events, Vec::new());
-    let r = replay(rt, &t, &opts(5000), &mut |_| {}).unwrap();
+    let r = replay_lagging(rt, &t, 5000);
     assert_eq!(r.simulated_wait_us, 0, "no wait for a third of the request");
     assert!(
         r.peak_reserved_bytes >= 108 * MIB + 36 * MIB,
@@ -543,14 +552,9 @@ fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
 /// toward that half: that stream could reuse them at once.
 #[test]
 fn a_buffer_freed_on_its_stream_moves_to_a_larger_one_instead_of_holding_two() {
-    use cupool::trace::replay::{replay, ReplayOptions};
     use cupool::trace::{Action, Trace, TraceEvent};
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, _host, _ctx) = vmm_setup(true);
-    let opts = ReplayOptions {
-        gpu_lag_us: 5000,
-        ..ReplayOptions::default()
-    };
     // Each buffer 1.5 times the one before, from 64 MiB: no freed block fits the next
     // request, and each covers two thirds of it. `steps` buffers, each allocated and freed
     // on a stream of `streams` in turn. Returns the trace and its largest buffer.
@@ -570,7 +574,7 @@ fn a_buffer_freed_on_its_stream_moves_to_a_larger_one_instead_of_holding_two() {
     };
     // Seven buffers, 64 MiB up to 729 MiB, all on one stream.
     let (same, largest) = trace(7, &[7]);
-    let r = replay(rt, &same, &opts, &mut |_| {}).unwrap();
+    let r = replay_lagging(rt, &same, 5000);
     assert!(r.simulated_wait_us > 0, "each step waited for the fence");
     assert!(
         r.peak_reserved_bytes <= largest + 2 * G,
@@ -582,7 +586,7 @@ fn a_buffer_freed_on_its_stream_moves_to_a_larger_one_instead_of_holding_two() {
     // wait, and both held. (Frees of any stream that cover a whole request are waited for:
     // that rule is older and is not what this checks.)
     let (other, _) = trace(2, &[9, 7]);
-    let r = replay(rt, &other, &opts, &mut |_| {}).unwrap();
+    let r = replay_lagging(rt, &other, 5000);
     assert_eq!(
         r.simulated_wait_us, 0,
         "another stream's frees are not waited for"
@@ -594,7 +598,7 @@ fn a_buffer_freed_on_its_stream_moves_to_a_larger_one_instead_of_holding_two() {
     );
     // The same two on one stream: the wait, and one copy.
     let (one, _) = trace(2, &[7]);
-    let r = replay(rt, &one, &opts, &mut |_| {}).unwrap();
+    let r = replay_lagging(rt, &one, 5000);
     assert!(r.simulated_wait_us > 0);
     assert!(
         r.peak_reserved_bytes <= 96 * MIB + 2 * G,
@@ -609,7 +613,6 @@ fn a_buffer_freed_on_its_stream_moves_to_a_larger_one_instead_of_holding_two() {
 /// they are far from half of the request: waiting saves the whole growth.
 #[test]
 fn a_request_waits_when_pending_frees_cover_what_the_arena_would_create() {
-    use cupool::trace::replay::{replay, ReplayOptions};
     use cupool::trace::{Action, Trace, TraceEvent};
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, _host, _ctx) = vmm_setup(true);
@@ -633,11 +636,7 @@ fn a_request_waits_when_pending_frees_cover_what_the_arena_would_create() {
         event(20_020, Action::Free, z, 250 * MIB),
     ];
     let t = Trace::from_events(events, Vec::new());
-    let opts = ReplayOptions {
-        gpu_lag_us: 5000,
-        ..ReplayOptions::default()
-    };
-    let r = replay(rt, &t, &opts, &mut |_| {}).unwrap();
+    let r = replay_lagging(rt, &t, 5000);
     assert!(r.simulated_wait_us > 0, "waited for Y's fence");
     assert!(
         r.peak_reserved_bytes <= 260 * MIB + 2 * G,

@@ -3,6 +3,7 @@
 
 use super::CUstream_st;
 use crate::backend::{DevicePtr, StreamHandle};
+use crate::runtime::{runtime_if_started, Runtime};
 use crate::status::{CupoolStatus, Result};
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::ptr::NonNull;
@@ -67,20 +68,28 @@ pub(super) fn to_c_pointer(ptr: DevicePtr) -> Result<*mut c_void> {
     Ok(address as *mut c_void)
 }
 
-/// Writes an address range's start and size to optional out-parameters (a size too large
-/// for `size_t` as `SIZE_MAX`).
+/// The body of an export that names an address range by a pointer into a live block:
+/// `lookup` finds the range (None: `ptr` is in no live block it knows, or no pool has
+/// started, `CUPOOL_ERROR_INVALID_POINTER`), whose start and size go to the optional
+/// out-parameters (a size too large for `size_t` as `SIZE_MAX`).
 ///
 /// # Safety
 /// `base_out` and `size_out` are NULL or valid for a write.
-pub(super) unsafe fn write_range(
-    (base, size): (DevicePtr, u64),
+pub(super) unsafe fn write_range_of(
+    ptr: *const c_void,
     base_out: *mut *mut c_void,
     size_out: *mut usize,
-) -> Result<()> {
-    let base = to_c_pointer(base)?;
-    write_optional(base_out, base);
-    write_optional(size_out, usize::try_from(size).unwrap_or(usize::MAX));
-    Ok(())
+    lookup: impl FnOnce(&Runtime, DevicePtr) -> Option<(DevicePtr, u64)>,
+) -> CupoolStatus {
+    guard(|| {
+        let rt = runtime_if_started().ok_or(CupoolErrorInvalidPointer)?;
+        let (base, size) =
+            lookup(rt, ptr as usize as DevicePtr).ok_or(CupoolErrorInvalidPointer)?;
+        let base = to_c_pointer(base)?;
+        write_optional(base_out, base);
+        write_optional(size_out, usize::try_from(size).unwrap_or(usize::MAX));
+        Ok(())
+    })
 }
 
 /// Copies `text` and a NUL into `buf`; `*needed_out` (when not NULL) receives

@@ -5,10 +5,9 @@
 
 use super::{
     device_ordinal, device_selection, guard, process_api, required, stream_handle, text_export,
-    to_c_pointer, write_optional, write_range, CUstream_st,
+    to_c_pointer, write_optional, write_range_of, CUstream_st,
 };
-use crate::backend::DevicePtr;
-use crate::runtime::{runtime, runtime_if_started};
+use crate::runtime::{runtime, Runtime};
 use crate::status::CupoolStatus::{self, *};
 use core::ffi::{c_char, c_int, c_void};
 
@@ -95,13 +94,7 @@ pub unsafe extern "C" fn cupool_segment_of(
     if let Some(api) = process_api::other_copy() {
         return (api.segment_of)(ptr, base_out, size_out);
     }
-    guard(|| {
-        let rt = runtime_if_started().ok_or(CupoolErrorInvalidPointer)?;
-        let range = rt
-            .segment_of(ptr as usize as DevicePtr)
-            .ok_or(CupoolErrorInvalidPointer)?;
-        write_range(range, base_out, size_out)
-    })
+    write_range_of(ptr, base_out, size_out, Runtime::segment_of)
 }
 
 /// Writes the pool's segments on `device` (-1: all devices) and the blocks that tile each

@@ -4,9 +4,9 @@
 //! describe a block that shares its driver allocation or lives in the VMM arena (Note [ipc
 //! registry] in `runtime/ipc`). Same three steps as every export (see [`super`]).
 
-use super::{guard, process_api, required, to_c_pointer, write_range};
+use super::{guard, process_api, required, to_c_pointer, write_range_of};
 use crate::backend::BackendError;
-use crate::runtime::{runtime, runtime_if_started};
+use crate::runtime::{runtime, Runtime};
 use crate::status::CupoolStatus::{self, *};
 use core::ffi::{c_uint, c_void};
 
@@ -141,11 +141,5 @@ pub(super) unsafe extern "C" fn shareable_range(
     if let Some(f) = process_api::other_copy().and_then(|api| api.shareable_range) {
         return f(ptr, base_out, size_out);
     }
-    guard(|| {
-        let rt = runtime_if_started().ok_or(CupoolErrorInvalidPointer)?;
-        let range = rt
-            .shareable_range(ptr as usize as u64)
-            .ok_or(CupoolErrorInvalidPointer)?;
-        write_range(range, base_out, size_out)
-    })
+    write_range_of(ptr, base_out, size_out, Runtime::shareable_range)
 }

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Each mode runs in its own process (the arena mode is read when a pool starts), so the
-//! example runs itself once per mode.
+//! example runs itself once per mode. `PAIR_ONLY=SIZE:ordered` (or `SIZE:streamless`) runs
+//! that one loop, for a profiler.
 
 use std::process::Command;
 use std::time::Instant;
@@ -48,8 +49,15 @@ fn child(mode: &str) {
     cupool::config::set("backend", "host").expect("host backend");
     cupool::config::set("vmm", mode).expect("vmm option");
     let rt = cupool::runtime::runtime().expect("runtime on the host backend");
+    let only: Option<(usize, bool)> = std::env::var("PAIR_ONLY").ok().map(|v| {
+        let (a, b) = v.split_once(':').unwrap();
+        (a.parse().unwrap(), b == "streamless")
+    });
     for size in SIZES {
         for streamless in [false, true] {
+            if only.is_some_and(|o| o != (size, streamless)) {
+                continue;
+            }
             let mut rounds: Vec<f64> = (0..ROUNDS)
                 .map(|_| {
                     let t = Instant::now();

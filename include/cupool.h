@@ -664,6 +664,26 @@ cupool_status cupool_segment_of(const void *ptr, void **base_out, size_t *size_o
 cupool_status cupool_segments_json(int device, char *buf, size_t buf_len, size_t *needed_out);
 
 /**
+ * Writes where the reserved bytes of `device`'s pool (-1: every device's) are now and
+ * where they were when they were highest since the last peak reset, as one JSON object and
+ * a NUL, into `buf`, which the caller owns:
+ * `{"devices": [{"device", "now": {..}, "at_peak": {..} or null}]}`. Each footprint has
+ * `reserved_bytes`, the bytes of each place they can be (`in_use_bytes`,
+ * `awaiting_fence_bytes`, `stream_only_bytes`, `arena_hole_ends_bytes`,
+ * `arena_in_busy_chunks_bytes`, `arena_stealable_bytes`, `arena_idle_bytes`,
+ * `segments_partly_free_bytes`, `segments_free_bytes`, `other_bytes`: in threads'
+ * caches), which add up to `reserved_bytes`, and `segments_free` (a count). `at_peak` is
+ * taken when a growth leaves the reserved bytes higher than ever, and is null until the
+ * pool grows. The keys are those of `cupool replay`'s `at_peak`.
+ *
+ * Buffer rules as for `cupool_stats_json`.
+ *
+ * # Safety
+ * `buf` is NULL or valid for `buf_len` bytes; `needed_out` is NULL or valid for a write.
+ */
+cupool_status cupool_footprint_json(int device, char *buf, size_t buf_len, size_t *needed_out);
+
+/**
  * Makes the pool of `device` (an ordinal; -1: the calling thread's current context) take
  * from the driver now whatever it lacks to hold `bytes`, and keep that much from then on:
  * `cupool_empty_cache` and the other releases never go below it (the `reserve` option

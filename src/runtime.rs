@@ -37,7 +37,9 @@ pub use lifecycle::{
 use lifecycle::{on_exit, on_fork_child, print_stats_at_exit, STATS_AT_EXIT_CLAIMED};
 use tracing::{trace_allocation, Seen};
 
-pub use layout::{to_json as segments_json, BlockView, SegmentView};
+pub use layout::{
+    footprints_json, to_json as segments_json, BlockView, DeviceFootprint, SegmentView,
+};
 
 /// What the pool knows about one live block (for address-range, IPC and attribute queries).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

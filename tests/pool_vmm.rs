@@ -482,6 +482,102 @@ fn the_footprint_accounts_for_every_reserved_byte() {
     cupool::config::set("vmm", "off").unwrap();
 }
 
+/// Note [footprint at peak]: the pool keeps where its reserved bytes were when they were
+/// highest, after the blocks of that moment are gone; a peak reset drops it and the next
+/// growth above the old footprint takes it again. Through the C export too.
+#[test]
+fn the_footprint_at_the_peak_outlives_the_peak() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    let pool = rt.context_pool(ctx).unwrap();
+    rt.reset_peak_stats(Some(0)).unwrap();
+    assert_eq!(pool.footprint_at_peak(), None, "no growth since the reset");
+    let a = rt.alloc(3 * MIB as usize).unwrap();
+    let b = rt.alloc(5 * MIB as usize).unwrap();
+    let at_two = pool.footprint_at_peak().expect("the pool grew");
+    assert_eq!(at_two.in_use, 8 * MIB);
+    rt.free(a).unwrap();
+    // The fence completes; the pool then holds what it held at the peak, with a block less.
+    rt.empty_cache(Some(0)).unwrap();
+    let now = pool.footprint();
+    let peak = pool.footprint_at_peak().unwrap();
+    assert_eq!(now.in_use, 5 * MIB);
+    assert_eq!(
+        peak, at_two,
+        "a free takes nothing from the peak's footprint"
+    );
+    assert_eq!(peak.accounted() + peak.other, peak.reserved);
+    assert_eq!(
+        peak.reserved,
+        rt.context_stats(ctx).unwrap().reserved_bytes.peak
+    );
+    // A larger block than the arena holds: the pool grows past its peak and takes the
+    // footprint there.
+    let c = rt.alloc(20 * MIB as usize).unwrap();
+    let higher = pool.footprint_at_peak().unwrap();
+    assert!(higher.reserved > peak.reserved);
+    assert_eq!(higher.in_use, 25 * MIB);
+    assert_eq!(
+        higher.reserved,
+        rt.context_stats(ctx).unwrap().reserved_bytes.peak
+    );
+
+    // The C export: both footprints, by device, with the replay's keys.
+    let mut needed = 0usize;
+    assert_eq!(
+        unsafe {
+            cupool::ffi::device::cupool_footprint_json(0, std::ptr::null_mut(), 0, &mut needed)
+        },
+        CupoolStatus::CupoolErrorBufferTooSmall
+    );
+    let mut buf = vec![0u8; needed];
+    assert_eq!(
+        unsafe {
+            cupool::ffi::device::cupool_footprint_json(
+                0,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut needed,
+            )
+        },
+        CupoolStatus::CupoolOk
+    );
+    let text = std::ffi::CStr::from_bytes_until_nul(&buf)
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert!(
+        text.starts_with("{\"devices\":[{\"device\":0,\"now\":{\"reserved_bytes\":"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "\"at_peak\":{{\"reserved_bytes\":{},\"in_use_bytes\":{}",
+            higher.reserved,
+            25 * MIB
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        unsafe {
+            cupool::ffi::device::cupool_footprint_json(
+                -2,
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+            )
+        },
+        CupoolStatus::CupoolErrorInvalidDevice
+    );
+
+    rt.reset_peak_stats(Some(0)).unwrap();
+    assert_eq!(pool.footprint_at_peak(), None, "dropped by the reset");
+    rt.free(b).unwrap();
+    rt.free(c).unwrap();
+    empty_and_check_nothing_left(rt, host, ctx);
+    cupool::config::set("vmm", "off").unwrap();
+}
+
 /// Note [wait before growing], in the arena: a buffer freed without a stream while the
 /// device is behind and allocated again a little larger (a KV cache grown step by step)
 /// waits for the fence of the old one, whose memory then moves to the new block, instead

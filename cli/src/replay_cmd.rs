@@ -264,39 +264,7 @@ fn footprint_lines(o: &mut String, p: FootprintAtPeak) {
         "  at the peak      {:>12} reserved {when}:",
         bytes(f.reserved)
     );
-    let wholly_free = format!(
-        "in {} wholly free segment{}",
-        count(f.segments_free_count),
-        if f.segments_free_count == 1 { "" } else { "s" }
-    );
-    let places: [(u64, &str); 10] = [
-        (f.in_use, "in use by the program"),
-        (f.awaiting_fence, "freed, waiting for a fence"),
-        (
-            f.stream_only,
-            "freed on a stream (reused there at once, elsewhere after a fence)",
-        ),
-        (
-            f.arena_hole_ends,
-            "VMM arena: free at the ends of holes (granules shared with blocks in use)",
-        ),
-        (
-            f.arena_in_busy_chunks,
-            "VMM arena: free granules of chunks partly in use (a chunk maps whole)",
-        ),
-        (
-            f.arena_stealable,
-            "VMM arena: free chunks (they move where they are needed)",
-        ),
-        (f.arena_idle, "VMM arena: physical memory mapped nowhere"),
-        (f.segments_partly_free, "free in segments partly in use"),
-        (f.segments_free, &wholly_free),
-        (f.other, "in threads' caches"),
-    ];
-    for (n, what) in places.iter().filter(|(n, _)| *n > 0) {
-        let share = 100.0 * *n as f64 / f.reserved.max(1) as f64;
-        let _ = writeln!(o, "    {:>12} {share:5.1}%  {what}", bytes(*n));
-    }
+    f.text_lines(o, "    ", &bytes);
 }
 
 fn json_report(

@@ -317,10 +317,11 @@ class DevicePeakMonitor:
 # Allocator statistics
 
 
-def cupool_stats():
-    """cupool's stats (all devices) as a dict, or None when no cupool is loaded."""
+def cupool_json(name):
+    """The JSON a `cupool_*_json(-1, ...)` export of the cupool already loaded in this process
+    writes (every device), as a dict; None when no cupool is loaded or it lacks `name`."""
     try:
-        fn = ctypes.CDLL(None).cupool_stats_json
+        fn = getattr(ctypes.CDLL(None), name)
     except (AttributeError, OSError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
@@ -328,15 +329,20 @@ def cupool_stats():
     needed = ctypes.c_size_t(0)
     status = fn(-1, None, 0, ctypes.byref(needed))
     if status not in (0, CUPOOL_ERROR_BUFFER_TOO_SMALL):
-        return {"error": f"cupool_stats_json status {status}"}
+        return {"error": f"{name} status {status}"}
     buf = ctypes.create_string_buffer(max(int(needed.value), 1) + 256)
     status = fn(-1, buf, len(buf), ctypes.byref(needed))
     if status != 0:
-        return {"error": f"cupool_stats_json status {status}"}
+        return {"error": f"{name} status {status}"}
     try:
         return json.loads(buf.value.decode())
     except ValueError as e:
-        return {"error": f"cupool_stats_json returned bad JSON: {e}"}
+        return {"error": f"{name} returned bad JSON: {e}"}
+
+
+def cupool_stats():
+    """cupool's stats (all devices) as a dict, or None when no cupool is loaded."""
+    return cupool_json("cupool_stats_json")
 
 
 TORCH_STAT_KEYS = (
@@ -525,6 +531,7 @@ class Harness:
             **peak,
             "torch": torch_allocator_stats(self.device_index, self.mode == "expandable"),
             "cupool": self.cupool_stats(),
+            "cupool_footprint": self.cupool_footprint(),
             "allocator": self.allocator,
             "env": {k: os.environ.get(k) for k in (
                 "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
@@ -545,6 +552,15 @@ class Harness:
         if self.mode == "cupool":
             import cupool
             return cupool.stats()
+        return None
+
+    def cupool_footprint(self):
+        """Where cupool's reserved bytes are, and were at their peak, per device."""
+        if self.mode == "preload" or preload_active():
+            return cupool_json("cupool_footprint_json")
+        if self.mode == "cupool":
+            import cupool
+            return cupool.footprint()
         return None
 
     def finish(self, extra=None, status="ok", error=None):

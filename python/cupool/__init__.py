@@ -22,7 +22,7 @@ from ._snapshot import (
     record_memory_history,
     snapshot,
 )
-from ._stats import memory_summary, stats
+from ._stats import footprint, memory_summary, stats
 
 __all__ = [
     "CupoolError",
@@ -30,6 +30,7 @@ __all__ = [
     "alloc",
     "free",
     "stats",
+    "footprint",
     "memory_summary",
     "empty_cache",
     "set_memory_limit",

@@ -53,6 +53,7 @@ _PROTOTYPES = {
     "cupool_free_async": (_STATUS, [_VOIDP, _VOIDP]),
     "cupool_stats_json": (_STATUS, [_INT, _CHARP, _SIZE, ctypes.POINTER(_SIZE)]),
     "cupool_segments_json": (_STATUS, [_INT, _CHARP, _SIZE, ctypes.POINTER(_SIZE)]),
+    "cupool_footprint_json": (_STATUS, [_INT, _CHARP, _SIZE, ctypes.POINTER(_SIZE)]),
     "cupool_reset_peak_stats": (_STATUS, [_INT]),
     "cupool_empty_cache": (_STATUS, [ctypes.POINTER(_SIZE)]),
     "cupool_empty_cache_device": (_STATUS, [_INT, ctypes.POINTER(_SIZE)]),

@@ -29,6 +29,17 @@ def raw_stats(device: int | None) -> dict[str, Any]:
     return json.loads(_lib.text_out(_lib.lib().cupool_stats_json, dev, what="cupool_stats_json"))
 
 
+def footprint(device: int | None = None) -> list[dict[str, Any]]:
+    """Where the reserved bytes of ``device``'s pool (``None``: every device's) are now and
+    where they were at their peak: one dict per device, ``{"device", "now", "at_peak"}``,
+    each footprint a dict of bytes by place (``in_use_bytes``, ``awaiting_fence_bytes``,
+    ``arena_hole_ends_bytes``, ..., adding up to ``reserved_bytes``); ``at_peak`` is None
+    until the pool grows after a peak reset. The keys of ``cupool replay``'s ``at_peak``."""
+    dev = -1 if device is None else int(device)
+    text = _lib.text_out(_lib.lib().cupool_footprint_json, dev, what="cupool_footprint_json")
+    return json.loads(text)["devices"]
+
+
 def stats(device: int | None = None) -> dict[str, int]:
     """The pool's statistics for ``device`` (``None``: all devices summed), as a flat dict
     with PyTorch's ``memory_stats`` key names where the meaning is the same, plus

@@ -69,6 +69,24 @@ def test_peaks_reset_to_current():
     assert s["allocated_bytes.all.peak"] == s["allocated_bytes.all.current"]
 
 
+def test_footprint_says_where_the_peak_was():
+    cupool.reset_peak_stats(0)
+    ptr = cupool.alloc(40 << 20, stream=STREAM)
+    [dev] = cupool.footprint(0)
+    assert dev["device"] == 0
+    peak = dev["at_peak"]
+    assert peak is not None, "the pool grew after the reset"
+    assert peak["in_use_bytes"] >= 40 << 20
+    places = [k for k in peak if k.endswith("_bytes") and k != "reserved_bytes"]
+    assert sum(peak[k] for k in places) == peak["reserved_bytes"]
+    assert peak["reserved_bytes"] == cupool.stats(0)["reserved_bytes.all.peak"]
+    cupool.free(ptr, stream=STREAM)
+    [dev] = cupool.footprint(0)
+    assert dev["now"]["in_use_bytes"] == peak["in_use_bytes"] - (40 << 20)
+    assert dev["at_peak"] == peak, "the free leaves the peak's footprint as it was"
+    assert [d["device"] for d in cupool.footprint()] == list(range(len(cupool.footprint())))
+
+
 def test_empty_cache_gives_idle_segments_back():
     ptr = cupool.alloc(30 << 20, stream=STREAM)
     cupool.free(ptr, stream=STREAM)

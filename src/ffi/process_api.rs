@@ -77,6 +77,9 @@ pub struct ProcessApiV1 {
     pub ipc_close_handle: Option<unsafe extern "C" fn(*mut c_void) -> CupoolStatus>,
     pub shareable_range:
         Option<unsafe extern "C" fn(*const c_void, *mut *mut c_void, *mut usize) -> CupoolStatus>,
+    /// Appended with the footprint export.
+    pub footprint_json:
+        Option<unsafe extern "C" fn(c_int, *mut c_char, usize, *mut usize) -> CupoolStatus>,
 }
 
 /// The table's size once `free_in_allocation_order` was appended.
@@ -121,6 +124,7 @@ static OWN_API: ProcessApiV1 = ProcessApiV1 {
     ipc_open_handle: Some(super::ipc::cupool_ipc_open_handle),
     ipc_close_handle: Some(super::ipc::cupool_ipc_close_handle),
     shareable_range: Some(super::ipc::shareable_range),
+    footprint_json: Some(super::device::cupool_footprint_json),
 };
 
 /// This copy's table, for the other copies of cupool in the process. Not in the header.

@@ -58,7 +58,7 @@ impl DevicePool {
             if self.spare_due(req) {
                 // On failure (limit, driver OOM) the fence below serves the request, and
                 // the streak starts again: no release-and-retry for a copy nobody needs.
-                if let Ok(ptr) = self.grow_and_carve(c, req) {
+                if let Ok(ptr) = self.grow(c, req) {
                     self.shared.lock().slow.misses += 1;
                     return Ok(ptr);
                 }
@@ -104,7 +104,7 @@ impl DevicePool {
         }
         self.shared.lock().slow.misses += 1;
         self.release_above_bound(c, size, flush_own_cache);
-        match self.grow_and_carve(c, req) {
+        match self.grow(c, req) {
             Ok(ptr) => return Ok(ptr),
             Err(CupoolStatus::CupoolErrorOutOfMemory) => {}
             Err(e) => return Err(e),
@@ -130,13 +130,24 @@ impl DevicePool {
                 self.ensure_arena();
             }
         }
-        let result = self.grow_and_carve(c, req);
+        let result = self.grow(c, req);
         if result == Err(CupoolStatus::CupoolErrorOutOfMemory) {
             self.shared.lock().slow.ooms += 1;
             crate::log::info(&format!(
                 "cupool: device {} out of memory: {size} bytes requested",
                 self.ctx.device
             ));
+        }
+        result
+    }
+
+    /// Takes memory from the driver for the request ([`DevicePool::grow_and_carve`]) and,
+    /// when that leaves reserved bytes higher than ever, keeps where they are (Note
+    /// [footprint at peak]).
+    fn grow(&self, c: &ThreadCounters, req: Request) -> Result<u64> {
+        let result = self.grow_and_carve(c, req);
+        if result.is_ok() {
+            self.watch_peak_footprint();
         }
         result
     }

@@ -23,7 +23,7 @@
 
 use super::counters::Level;
 use super::pool_stats::FreeTally;
-use super::{thread_cache, DevicePool};
+use super::{thread_cache, DevicePool, Shared};
 
 /// Where the reserved bytes of one pool are (Note [footprint]); every field is bytes.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -68,11 +68,143 @@ impl Footprint {
     }
 }
 
+/// One place of a [`Footprint`]: its key in JSON (`…_bytes`), what it holds in words, and
+/// its bytes. [`Footprint::places`] lists them in the order of Note [footprint], so the
+/// replay's report, the statistics export and the exit summary name them alike.
+pub struct Place {
+    pub key: &'static str,
+    pub what: &'static str,
+    pub bytes: u64,
+}
+
+impl Footprint {
+    /// Every place the reserved bytes may be, in Note [footprint]'s order (wholly free
+    /// segments by their bytes; their count is [`Footprint::segments_free_count`]).
+    pub fn places(&self) -> [Place; 10] {
+        let place = |key, what, bytes| Place { key, what, bytes };
+        [
+            place("in_use_bytes", "in use by the program", self.in_use),
+            place(
+                "awaiting_fence_bytes",
+                "freed, waiting for a fence",
+                self.awaiting_fence,
+            ),
+            place(
+                "stream_only_bytes",
+                "freed on a stream (reused there at once, elsewhere after a fence)",
+                self.stream_only,
+            ),
+            place(
+                "arena_hole_ends_bytes",
+                "VMM arena: free at the ends of holes (granules shared with blocks in use)",
+                self.arena_hole_ends,
+            ),
+            place(
+                "arena_in_busy_chunks_bytes",
+                "VMM arena: free granules of chunks partly in use (a chunk maps whole)",
+                self.arena_in_busy_chunks,
+            ),
+            place(
+                "arena_stealable_bytes",
+                "VMM arena: free chunks (they move where they are needed)",
+                self.arena_stealable,
+            ),
+            place(
+                "arena_idle_bytes",
+                "VMM arena: physical memory mapped nowhere",
+                self.arena_idle,
+            ),
+            place(
+                "segments_partly_free_bytes",
+                "free in segments partly in use",
+                self.segments_partly_free,
+            ),
+            place(
+                "segments_free_bytes",
+                "in wholly free segments",
+                self.segments_free,
+            ),
+            place("other_bytes", "in threads' caches", self.other),
+        ]
+    }
+
+    /// The members of a JSON object, each after a comma: `"reserved_bytes"`, then every
+    /// place's key, then `"segments_free"` (a count).
+    pub fn json_members(&self, out: &mut String) {
+        use core::fmt::Write;
+        let _ = write!(out, ",\"reserved_bytes\":{}", self.reserved);
+        for p in self.places() {
+            let _ = write!(out, ",\"{}\":{}", p.key, p.bytes);
+        }
+        let _ = write!(out, ",\"segments_free\":{}", self.segments_free_count);
+    }
+
+    /// The footprint as one JSON object ([`Footprint::json_members`]).
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(512);
+        self.json_members(&mut out);
+        out.replace_range(0..1, "{");
+        out.push('}');
+        out
+    }
+
+    /// One line per place that holds any bytes: `indent`, the bytes (written by `bytes`),
+    /// their share of the reserved bytes, and what holds them.
+    pub fn text_lines(&self, out: &mut String, indent: &str, bytes: &dyn Fn(u64) -> String) {
+        use core::fmt::Write;
+        for p in self.places().iter().filter(|p| p.bytes > 0) {
+            let share = 100.0 * p.bytes as f64 / self.reserved.max(1) as f64;
+            let _ = write!(
+                out,
+                "{indent}{:>12} {share:5.1}%  {}",
+                bytes(p.bytes),
+                p.what
+            );
+            if p.key == "segments_free_bytes" {
+                let n = self.segments_free_count;
+                let _ = write!(out, " ({n} segment{})", if n == 1 { "" } else { "s" });
+            }
+            out.push('\n');
+        }
+    }
+}
+
+/// Note [footprint at peak]: the pool keeps its footprint as it was when its reserved bytes
+/// were highest, so a program on the GPU can say where a peak above its live bytes went,
+/// as `cupool replay` does for a trace (its `at_peak`). Reserved bytes reach a new high
+/// only when the pool grows, so the footprint is taken after a growth that leaves them
+/// above the kept one: one walk of the free lists under the pool lock, on a path that has
+/// just made driver calls of tens of µs. Programs stop growing once warm, so the walks
+/// stop too. A peak reset drops it; the next growth takes it again.
 impl DevicePool {
     /// Where this pool's reserved bytes are now (Note [footprint]).
     pub fn footprint(&self) -> Footprint {
         let in_use = thread_cache::sum_level(self.index, Level::Allocated).max(0) as u64;
         let sh = self.shared.lock();
+        Self::footprint_of(&sh, in_use)
+    }
+
+    /// The footprint when reserved bytes were highest since the last peak reset, if the
+    /// pool has grown since (Note [footprint at peak]).
+    pub fn footprint_at_peak(&self) -> Option<Footprint> {
+        self.shared.lock().footprint_at_peak
+    }
+
+    /// After a growth: keeps the footprint if reserved bytes are above the kept one's
+    /// (Note [footprint at peak]).
+    pub(super) fn watch_peak_footprint(&self) {
+        let in_use = thread_cache::sum_level(self.index, Level::Allocated).max(0) as u64;
+        let mut sh = self.shared.lock();
+        if sh
+            .footprint_at_peak
+            .is_some_and(|f| f.reserved >= sh.reserved)
+        {
+            return;
+        }
+        sh.footprint_at_peak = Some(Self::footprint_of(&sh, in_use));
+    }
+
+    fn footprint_of(sh: &Shared, in_use: u64) -> Footprint {
         let mut f = Footprint {
             reserved: sh.reserved,
             in_use,
@@ -86,10 +218,10 @@ impl DevicePool {
             f.arena_idle = a.idle_granules() * a.granule;
         }
         // SAFETY: pool lock held.
-        let tally = unsafe { FreeTally::of_shared_index(&sh) };
+        let tally = unsafe { FreeTally::of_shared_index(sh) };
         f.arena_hole_ends = tally.arena_mapped;
         // SAFETY: pool lock held, the tally made under it.
-        let segments = unsafe { tally.segments(&sh) };
+        let segments = unsafe { tally.segments(sh) };
         f.segments_partly_free = segments.partly_free;
         f.segments_free = segments.wholly_free;
         f.segments_free_count = segments.wholly_free_count;

@@ -63,7 +63,7 @@ mod stream_ids;
 pub mod thread_cache;
 pub mod vmm;
 
-pub use footprint::Footprint;
+pub use footprint::{Footprint, Place as FootprintPlace};
 pub use invariants::InvariantReport;
 pub use segments::Containing;
 pub use size_policy::{LARGE_SPLIT_MIN, SMALL_MAX};
@@ -216,6 +216,8 @@ struct Shared {
     clock: u64,
     reserved: u64,
     reserved_peak: u64,
+    /// Where the reserved bytes were when they were highest (Note [footprint at peak]).
+    footprint_at_peak: Option<Footprint>,
     /// Segment base → its head block.
     segments: BTreeMap<u64, BlockIdx>,
     slow: SlowCounts,
@@ -364,6 +366,7 @@ impl DevicePool {
                 clock: 1,
                 reserved: 0,
                 reserved_peak: 0,
+                footprint_at_peak: None,
                 segments: BTreeMap::new(),
                 slow: SlowCounts::default(),
                 arena: None,

@@ -124,6 +124,7 @@ impl DevicePool {
         self.peak_epoch.fetch_add(1, Ordering::Relaxed);
         let mut sh = self.shared.lock();
         sh.reserved_peak = sh.reserved;
+        sh.footprint_at_peak = None;
         sh.mapped_peak = 0;
         if let Some(a) = sh.arena.as_mut() {
             a.mapped_peak = a.mapped;

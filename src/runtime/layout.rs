@@ -17,7 +17,7 @@
 use super::Runtime;
 use crate::backend::DevicePtr;
 use crate::pool::block::{SegmentKind, TAG_ALLOCATED};
-use crate::pool::{handover, Containing, DevicePool, ADDRESSES, BLOCKS};
+use crate::pool::{handover, Containing, DevicePool, Footprint, ADDRESSES, BLOCKS};
 use crate::status::Result;
 use core::fmt::Write;
 use core::sync::atomic::Ordering;
@@ -286,6 +286,54 @@ pub fn to_json(segments: &[SegmentView]) -> String {
             );
         }
         out.push_str("]}");
+    }
+    out.push_str("]}");
+    out
+}
+
+/// Where one device's reserved bytes are now, and where they were at their peak (Note
+/// [footprint] and Note [footprint at peak] in the pool).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct DeviceFootprint {
+    pub device: i32,
+    pub now: Footprint,
+    /// `None` when the pool has not grown since the last peak reset.
+    pub at_peak: Option<Footprint>,
+}
+
+impl Runtime {
+    /// The footprints of `device`'s pools (every device's for `None`), by device.
+    pub fn footprints(&self, device: Option<i32>) -> Result<Vec<DeviceFootprint>> {
+        self.check_device(device)?;
+        let mut all: Vec<DeviceFootprint> = Self::pools_of(device)
+            .map(|p| DeviceFootprint {
+                device: p.ctx.device,
+                now: p.footprint(),
+                at_peak: p.footprint_at_peak(),
+            })
+            .collect();
+        all.sort_by_key(|f| f.device);
+        Ok(all)
+    }
+}
+
+/// `{"devices":[{"device":N,"now":{..},"at_peak":{..}|null}]}`, each footprint as
+/// [`Footprint::to_json`] writes it (`cupool_footprint_json`).
+pub fn footprints_json(all: &[DeviceFootprint]) -> String {
+    let mut out = String::from("{\"devices\":[");
+    for (i, f) in all.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let at_peak = f
+            .at_peak
+            .map_or_else(|| "null".to_string(), |p| p.to_json());
+        let _ = write!(
+            out,
+            "{{\"device\":{},\"now\":{},\"at_peak\":{at_peak}}}",
+            f.device,
+            f.now.to_json()
+        );
     }
     out.push_str("]}");
     out

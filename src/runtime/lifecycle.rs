@@ -41,6 +41,15 @@ pub fn write_stats_at_exit() {
                     text.push_str(&v.to_line());
                 }
             }
+            for pool in Runtime::pools_of(None) {
+                if let Some(f) = pool.footprint_at_peak() {
+                    text.push_str(&format!(
+                        "device {}: at the peak, {} bytes reserved:\n",
+                        pool.ctx.device, f.reserved
+                    ));
+                    f.text_lines(&mut text, "  ", &|n| n.to_string());
+                }
+            }
             if let Some(rt) = runtime_if_started().filter(|rt| rt.host_pool_started()) {
                 text.push_str("pinned host memory:\n");
                 text.push_str(&rt.host_stats().to_text());

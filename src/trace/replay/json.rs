@@ -64,25 +64,8 @@ impl ReplayReport {
         }
         match self.at_peak {
             Some(p) => {
-                let f = p.footprint;
                 let _ = write!(o, ",\"at_peak\":{{\"events\":{}", p.events);
-                push_fields(
-                    &mut o,
-                    &[
-                        ("reserved_bytes", f.reserved),
-                        ("in_use_bytes", f.in_use),
-                        ("awaiting_fence_bytes", f.awaiting_fence),
-                        ("stream_only_bytes", f.stream_only),
-                        ("arena_hole_ends_bytes", f.arena_hole_ends),
-                        ("arena_in_busy_chunks_bytes", f.arena_in_busy_chunks),
-                        ("arena_stealable_bytes", f.arena_stealable),
-                        ("arena_idle_bytes", f.arena_idle),
-                        ("segments_partly_free_bytes", f.segments_partly_free),
-                        ("segments_free_bytes", f.segments_free),
-                        ("segments_free", f.segments_free_count),
-                        ("other_bytes", f.other),
-                    ],
-                );
+                p.footprint.json_members(&mut o);
                 o.push('}');
             }
             None => o.push_str(",\"at_peak\":null"),

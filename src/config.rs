@@ -273,9 +273,9 @@ pub static OPTIONS: [OptionDesc; 20] = [
     },
     OptionDesc {
         key: "vmm_chunk_divisor",
-        default: "128",
+        default: "384",
         kind: ValueKind::Count,
-        doc: "With `vmm:on`: new physical memory is created in pieces of at most the pool's reserved bytes / this many (at least one granule, at most `vmm_chunk`), so a pool that is still small grows in small pieces, and a piece that a block later covers only in part strands less free memory beside it; the small pieces merge as they move once the pool has grown (Note [merged chunks]). 0: every piece may be `vmm_chunk`. The default, 128, keeps 8 MiB pieces from 1 GiB up; below that it raised the host replays' utilization on 10 of 12 corpus traces and lowered the device peak of a 0.5 GiB program on an H100, at about 10% more time in the driver's VMM calls for programs of several GiB (docs/BENCHMARKS.md).",
+        doc: "With `vmm:on`: new physical memory is created in pieces of at most the pool's reserved bytes / this many (at least one granule, at most `vmm_chunk`), so a pool that is still small grows in small pieces, and a piece that a block later covers only in part strands less free memory beside it; the small pieces merge as they move once the pool has grown (Note [merged chunks]). 0: every piece may be `vmm_chunk`. The default, 384, keeps 8 MiB pieces from 3 GiB up (6 MiB at 2.3 GiB, 4 MiB at 1.5 GiB). On an H100 it took the conv net through `cupool.torch.enable()` from 2.52–2.54 GiB (128, level with `expandable_segments`' 2.523) to 2.49–2.51 GiB and LLM generation from 1.715 to 1.697 GiB at the same step time; the host replays gained 0.29 points on average over 52 traces at 25–35% more VMM calls (docs/BENCHMARKS.md).",
         runtime: true,
     },
     OptionDesc {

@@ -1,5 +1,6 @@
 //! The pool's segments and the blocks that tile them, for memory snapshots
-//! (`cupool_segments_json`, the Python package's `cupool.snapshot()`).
+//! (`cupool_segments_json`, the Python package's `cupool.snapshot()`), and each device's
+//! account of where its reserved bytes are and were at their peak (`cupool_footprint_json`).
 //!
 //! Note [layout walk]: the pool offers no walk of its segments, so the layout is read from
 //! what it publishes for lock-free frees: every block record's atomic tag holds the

@@ -164,4 +164,41 @@ def memory_summary(device: int | None = None, abbreviated: bool = False) -> str:
     for name, fmt, v in extra:
         lines.append(f" {name:<21} | {fmt(v, v)} | {'':10} | {'':10} | {'':10} ")
     lines.append("=" * 75)
+    lines.extend(_footprint_rows(footprint(device)))
     return "|" + "|\n|".join(lines) + "|\n"
+
+
+# The places of cupool's footprint (``cupool_footprint_json``), as memory_summary rows.
+_PLACES = (
+    ("in_use_bytes", "In use"),
+    ("awaiting_fence_bytes", "Waiting for a fence"),
+    ("stream_only_bytes", "Freed on a stream"),
+    ("arena_hole_ends_bytes", "Arena: hole ends"),
+    ("arena_in_busy_chunks_bytes", "Arena: in busy chunks"),
+    ("arena_stealable_bytes", "Arena: free chunks"),
+    ("arena_idle_bytes", "Arena: unmapped"),
+    ("segments_partly_free_bytes", "Free in segments"),
+    ("segments_free_bytes", "Free segments"),
+    ("other_bytes", "In threads' caches"),
+)
+
+
+def _footprint_rows(devices: list[dict[str, Any]]) -> list[str]:
+    """Where the reserved bytes are now (``Cur Usage``) and were when they were highest
+    (``Peak Usage``; with several devices, the sum of each device's own peak), one row a
+    place that holds any."""
+    now = {k: sum(d["now"][k] for d in devices) for k, _ in _PLACES}
+    peaks = [d["at_peak"] for d in devices if d["at_peak"] is not None]
+    peak = {k: sum(p[k] for p in peaks) for k, _ in _PLACES} if peaks else None
+    title = "Reserved, by place"
+    lines = [f" {title:<21} | Cur Usage  | Peak Usage | {'':10} | {'':10} "]
+    for key, name in _PLACES:
+        if now[key] == 0 and (peak is None or peak[key] == 0):
+            continue
+        at_peak = _UNKNOWN if peak is None else _format_size(peak[key], peak[key])
+        lines.append("-" * 75)
+        lines.append(
+            f" {name:<21} | {_format_size(now[key], now[key])} | {at_peak} | {'':10} | {'':10} "
+        )
+    lines.append("=" * 75)
+    return lines

@@ -151,6 +151,12 @@ def test_memory_summary_shows_the_numbers():
     assert f"{s['reserved_bytes.all.current'] // 1024} KiB" in reserved
     allocs = next(line for line in lines if line.startswith("| Allocations"))
     assert str(s["allocation.all.allocated"]) in allocs
+    # Where the reserved bytes are, now and at the peak (cupool.footprint).
+    [dev] = cupool.footprint(0)
+    in_use = next(line for line in lines if line.startswith("| In use"))
+    cells = [c.strip() for c in in_use.split("|")]
+    assert cells[2] == f"{dev['now']['in_use_bytes'] // 1024} KiB"
+    assert cells[3] == f"{dev['at_peak']['in_use_bytes'] // 1024} KiB"
     cupool.free(ptr, stream=STREAM)
 
 

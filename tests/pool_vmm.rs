@@ -61,6 +61,19 @@ fn replay_lagging(
     cupool::trace::replay::replay(rt, t, &opts, &mut |_| {}).unwrap()
 }
 
+/// A trace event of thread 1 at `t` µs made without a stream (a `cudaMalloc`/`cudaFree`
+/// under the preload).
+fn streamless_event(
+    t: u64,
+    action: cupool::trace::Action,
+    ptr: u64,
+    size: u64,
+) -> cupool::trace::TraceEvent {
+    let mut ev = cupool::trace::TraceEvent::rmm(1, t, action, ptr, size, 0);
+    ev.streamless = true;
+    ev
+}
+
 /// An option set for one test and put back to its default when the test ends, failed or
 /// not, so that the tests after it run with the defaults.
 struct OptionFor(&'static str);
@@ -587,19 +600,14 @@ fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
     use cupool::trace::{Action, Trace, TraceEvent};
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, _host, _ctx) = vmm_setup(true);
-    let event = |t: u64, action, ptr, size| {
-        let mut ev = TraceEvent::rmm(1, t, action, ptr, size, 0);
-        ev.streamless = true;
-        ev
-    };
     // Steps of 10 µs, each buffer 8 MiB larger than the one it replaces.
     let grow = |from: u64, step: u64| {
         let mut events = Vec::new();
         let mut size = from;
         for i in 0..8u64 {
             let ptr = 0x7f00_0000_0000 + (i << 32);
-            events.push(event(20 * i, Action::Allocate, ptr, size));
-            events.push(event(20 * i + 10, Action::Free, ptr, size));
+            events.push(streamless_event(20 * i, Action::Allocate, ptr, size));
+            events.push(streamless_event(20 * i + 10, Action::Free, ptr, size));
             size += step;
         }
         Trace::from_events(events, Vec::new())
@@ -626,8 +634,8 @@ fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
         .flat_map(|i| {
             let (ptr, size) = (0x7f00_0000_0000 + (i << 32), 4 * MIB * 3u64.pow(i as u32));
             [
-                event(20 * i, Action::Allocate, ptr, size),
-                event(20 * i + 10, Action::Free, ptr, size),
+                streamless_event(20 * i, Action::Allocate, ptr, size),
+                streamless_event(20 * i + 10, Action::Free, ptr, size),
             ]
         })
         .collect();
@@ -709,27 +717,22 @@ fn a_buffer_freed_on_its_stream_moves_to_a_larger_one_instead_of_holding_two() {
 /// they are far from half of the request: waiting saves the whole growth.
 #[test]
 fn a_request_waits_when_pending_frees_cover_what_the_arena_would_create() {
-    use cupool::trace::{Action, Trace, TraceEvent};
+    use cupool::trace::{Action, Trace};
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, _host, _ctx) = vmm_setup(true);
     // Each free records its fence at once, so that X's has completed by the request.
     let _batch = OptionFor::set("fence_batch", "1");
-    let event = |t: u64, action, ptr, size| {
-        let mut ev = TraceEvent::rmm(1, t, action, ptr, size, 0);
-        ev.streamless = true;
-        ev
-    };
     let (x, y, z) = (0x7f00_0000_0000, 0x7f01_0000_0000, 0x7f02_0000_0000);
     let events = vec![
-        event(0, Action::Allocate, x, 200 * MIB),
-        event(10, Action::Allocate, y, 60 * MIB),
+        streamless_event(0, Action::Allocate, x, 200 * MIB),
+        streamless_event(10, Action::Allocate, y, 60 * MIB),
         // X's fence completes long before Y is freed: X's memory is the arena's to move.
-        event(20, Action::Free, x, 200 * MIB),
-        event(20_000, Action::Free, y, 60 * MIB),
+        streamless_event(20, Action::Free, x, 200 * MIB),
+        streamless_event(20_000, Action::Free, y, 60 * MIB),
         // 250 MiB at once: X's 200 MiB and 50 MiB more, which Y (awaiting its fence, a
         // quarter of the request) covers.
-        event(20_010, Action::Allocate, z, 250 * MIB),
-        event(20_020, Action::Free, z, 250 * MIB),
+        streamless_event(20_010, Action::Allocate, z, 250 * MIB),
+        streamless_event(20_020, Action::Free, z, 250 * MIB),
     ];
     let t = Trace::from_events(events, Vec::new());
     let r = replay_lagging(rt, &t, 5000);

@@ -8,7 +8,7 @@
 
 #include "cupool_api.h"
 
-static_assert(sizeof(cupool_stats) == 8 + 5 * 16 + 17 * 8, "cupool_stats v4 is 224 bytes");
+static_assert(sizeof(cupool_stats) == 8 + 5 * 16 + 18 * 8, "cupool_stats v5 is 232 bytes");
 static_assert(offsetof(cupool_stats, allocated_bytes) == 8, "allocated_bytes after the header");
 static_assert(offsetof(cupool_stats, num_allocs) == 72, "counts after the four levels");
 static_assert(offsetof(cupool_stats, cross_stream_frees) == 144, "cross_stream_frees last of v1");
@@ -16,8 +16,9 @@ static_assert(offsetof(cupool_stats, inactive_split_bytes) == 152, "v2 fields af
 static_assert(offsetof(cupool_stats, mapped_bytes) == 168, "mapped_bytes after the gauges");
 static_assert(offsetof(cupool_stats, granules) == 192, "granules last of v2");
 static_assert(offsetof(cupool_stats, grow_wait_us) == 208, "grow_wait_us last of v3");
-static_assert(offsetof(cupool_stats, fence_queries) == 216, "fence_queries last (v4)");
-static_assert(CUPOOL_STATS_VERSION == 4u, "stats struct version 4");
+static_assert(offsetof(cupool_stats, fence_queries) == 216, "fence_queries last of v4");
+static_assert(offsetof(cupool_stats, fence_device_waits) == 224, "fence_device_waits last (v5)");
+static_assert(CUPOOL_STATS_VERSION == 5u, "stats struct version 5");
 static_assert(sizeof(cupool_host_stats) == 8 + 4 * 16 + 11 * 8, "cupool_host_stats v2 is 160 bytes");
 static_assert(offsetof(cupool_host_stats, chunks) == 56, "chunks the last level");
 static_assert(offsetof(cupool_host_stats, pending_fence_bytes) == 144, "pending_fence_bytes last of v1");

@@ -12,7 +12,7 @@ struct CUstream_st;
 /**
  * Version of [`CupoolStats`] this library writes. Bumped when fields are added at the end.
  */
-#define CUPOOL_STATS_VERSION 4
+#define CUPOOL_STATS_VERSION 5
 
 /**
  * Version of [`CupoolHostStats`] this library writes. Bumped when fields are added at the
@@ -213,6 +213,11 @@ typedef struct {
    * that ordering reuse after frees cost.
    */
   uint64_t fence_queries;
+  /**
+   * Fence passes that made the legacy stream wait for a fence not yet complete, so that
+   * the blocks it covers were reused at once (`fence_waits`, Note [device waits]).
+   */
+  uint64_t fence_device_waits;
 } cupool_stats;
 
 /**

@@ -149,6 +149,7 @@ pub enum Key {
     VmmChunkSplit,
     VmmChunkDivisor,
     LegacyOrder,
+    FenceWaits,
     HostAutoComplete,
     Verbose,
 }
@@ -157,8 +158,10 @@ pub const BACKENDS: &[&str] = &["cuda", "host"];
 pub const VMM_MODES: &[&str] = &["off", "on"];
 /// Values of `legacy_order`, by index.
 pub const LEGACY_ORDER_MODES: &[&str] = &["off", "on"];
+/// Values of `fence_waits`, by index.
+pub const FENCE_WAIT_MODES: &[&str] = &["auto", "host", "device"];
 
-pub static OPTIONS: [OptionDesc; 20] = [
+pub static OPTIONS: [OptionDesc; 21] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -283,6 +286,13 @@ pub static OPTIONS: [OptionDesc; 20] = [
         default: "off",
         kind: ValueKind::Choice(LEGACY_ORDER_MODES),
         doc: "`on`: while every piece of device work of the process is in the legacy default stream's order (no stream created yet), a streamless free is a free on the legacy stream: the block is reused at once by the next allocation, with no context fence, as a single-stream caching allocator would (Note [legacy order] in `src/runtime/legacy_order.rs`). The first stream created (seen by `libcupool_preload.so`'s hooks) or the first pool call on another stream ends it for good, after one wait for the device's queued work. For programs that never use per-thread default streams (`--default-stream per-thread`, or `cudaStreamPerThread` from several threads), which nothing can detect: off by default for that reason. PyTorch creates a stream inside cuBLASLt at its first matrix product, so it ends there (docs/BENCHMARKS.md). `off`: every streamless free waits for a context fence. Read when the pool starts.",
+        runtime: false,
+    },
+    OptionDesc {
+        key: "fence_waits",
+        default: "auto",
+        kind: ValueKind::Choice(FENCE_WAIT_MODES),
+        doc: "Who waits for the work queued before a free when the block is wanted again and its context fence has not completed (the device is behind). `host`: nobody; the pool takes other memory (it remaps or grows) or, before growing, the program waits up to `grow_wait_us`. `device`: the legacy default stream waits for the fence (`cuStreamWaitEvent`, no stall of the program), and the block is reused at once: every later piece of work on the legacy stream or on any blocking stream, per-thread default streams included, runs after that wait. Its memory is not unmapped or given back until the fence is seen complete (Note [device waits] in `src/pool/device_waits.rs`). It ends for good, after one wait for the device, when a non-blocking stream is created, peer access is enabled or a second context gets a pool: work there is not ordered after the legacy stream. `auto`: `device` under `libcupool_preload.so`, whose hooks see every stream created; `host` otherwise. Read when the pool starts.",
         runtime: false,
     },
     OptionDesc {

@@ -115,6 +115,7 @@ fn start() -> core::result::Result<Runtime, CupoolStatus> {
     }
     crate::trace::record::start_from_env();
     legacy_order::begin_from_config();
+    crate::pool::device_waits::begin_from_config(stream_ids::creations_seen());
     let backend_name = config::BACKENDS
         .get(config::get(Key::Backend) as usize)
         .copied()

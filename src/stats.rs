@@ -21,7 +21,7 @@ mod print;
 pub use pinned::{CupoolHostStats, CUPOOL_HOST_STATS_VERSION};
 
 /// Version of [`CupoolStats`] this library writes. Bumped when fields are added at the end.
-pub const CUPOOL_STATS_VERSION: u32 = 4;
+pub const CUPOOL_STATS_VERSION: u32 = 5;
 
 /// A level: the value now and the highest it has been since the last peak reset.
 #[repr(C)]
@@ -99,6 +99,10 @@ pub struct CupoolStats {
     /// Queries of context fences (`cuEventQuery`): with `fences_recorded`, the driver calls
     /// that ordering reuse after frees cost.
     pub fence_queries: u64,
+    // ---- version 5
+    /// Fence passes that made the legacy stream wait for a fence not yet complete, so that
+    /// the blocks it covers were reused at once (`fence_waits`, Note [device waits]).
+    pub fence_device_waits: u64,
 }
 
 /// Calls `$m!(name, Kind)` for every field after the header, in struct order.
@@ -129,6 +133,7 @@ macro_rules! for_each_stat_field {
         $m!(grow_waits, count);
         $m!(grow_wait_us, count);
         $m!(fence_queries, count);
+        $m!(fence_device_waits, count);
     };
 }
 

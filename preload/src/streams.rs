@@ -16,10 +16,13 @@ use crate::real;
 use crate::slots::sig;
 use core::ffi::{c_int, c_uint};
 
+/// `CU_STREAM_NON_BLOCKING`: work on the stream is not ordered with the legacy stream.
+const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
+
 /// A stream is being created: the ids threads remember go stale (always), and legacy
 /// order ends (not in a fork child, where the pool is not used, nor once the process
 /// exits).
-fn stream_created(how: &str) {
+fn stream_created(how: &str, flags: c_uint) {
     // Note [stream id cache]: before the real call, so that no thread can name the new
     // stream under an id remembered for the handle's previous stream.
     cupool::runtime::stream_ids::stream_created();
@@ -28,12 +31,16 @@ fn stream_created(how: &str) {
     }
     if cupool::log::level() >= cupool::log::Level::Debug {
         cupool::log::debug(&format!(
-            "cupool: stream created at\n{}",
+            "cupool: stream created (flags {flags:#x}) at\n{}",
             std::backtrace::Backtrace::force_capture()
         ));
     }
     // Also before the pool starts: a stream created then keeps legacy order from starting.
     cupool::runtime::legacy_order::end(how);
+    if flags & CU_STREAM_NON_BLOCKING != 0 {
+        // Note [device waits]: its work is not ordered after the legacy stream.
+        cupool::pool::device_waits::end("the program created a non-blocking stream");
+    }
 }
 
 /// `cuStreamCreate(CUstream *phStream, unsigned int Flags)`.
@@ -44,7 +51,7 @@ pub unsafe extern "C" fn cuStreamCreate(stream: *mut CuHandle, flags: c_uint) ->
         let Some(real) = real::get::<sig::StreamCreate>() else {
             return CUDA_ERROR_NOT_INITIALIZED;
         };
-        stream_created("the program created a stream");
+        stream_created("the program created a stream", flags);
         // SAFETY: arguments forwarded unchanged.
         unsafe { real(stream, flags) }
     })
@@ -62,7 +69,7 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
         let Some(real) = real::get::<sig::StreamCreateWithPriority>() else {
             return CUDA_ERROR_NOT_INITIALIZED;
         };
-        stream_created("the program created a stream");
+        stream_created("the program created a stream", flags);
         // SAFETY: arguments forwarded unchanged.
         unsafe { real(stream, flags, priority) }
     })
@@ -82,7 +89,11 @@ pub unsafe extern "C" fn cuGreenCtxStreamCreate(
         let Some(real) = real::get::<sig::GreenCtxStreamCreate>() else {
             return CUDA_ERROR_NOT_INITIALIZED;
         };
-        stream_created("the program created a stream of a green context");
+        // A green context's streams are non-blocking whatever the flags say.
+        stream_created(
+            "the program created a stream of a green context",
+            flags | CU_STREAM_NON_BLOCKING,
+        );
         // SAFETY: arguments forwarded unchanged.
         unsafe { real(stream, green_ctx, flags, priority) }
     })

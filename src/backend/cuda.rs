@@ -473,6 +473,15 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn legacy_stream_wait(&self, ctx: ContextId, event: EventHandle) -> BackendResult<()> {
+        let wait = required(self.api.stream_wait_event)?;
+        self.with_context(ctx, || {
+            // SAFETY: an event this backend recorded; the legacy stream handle is valid in
+            // every context.
+            check(unsafe { wait(STREAM_LEGACY as CUstream, event.0 as usize as CUevent, 0) })
+        })
+    }
+
     fn captures_reported_by_caller(&self) {
         self.captures_reported.store(true, Ordering::Relaxed);
     }

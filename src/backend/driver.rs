@@ -205,6 +205,8 @@ pub struct DriverApi {
     pub event_create: Option<unsafe extern "C" fn(*mut CUevent, c_uint) -> CuResult>,
     pub event_record: Option<unsafe extern "C" fn(CUevent, CUstream) -> CuResult>,
     pub event_query: Option<unsafe extern "C" fn(CUevent) -> CuResult>,
+    /// `cuStreamWaitEvent(stream, event, flags)`.
+    pub stream_wait_event: Option<unsafe extern "C" fn(CUstream, CUevent, c_uint) -> CuResult>,
     pub event_synchronize: Option<unsafe extern "C" fn(CUevent) -> CuResult>,
     /// `cuEventDestroy_v2`.
     pub event_destroy: Option<unsafe extern "C" fn(CUevent) -> CuResult>,
@@ -370,6 +372,7 @@ fn load() -> BackendResult<DriverApi> {
         event_create: None,
         event_record: None,
         event_query: None,
+        stream_wait_event: None,
         event_synchronize: None,
         event_destroy: None,
         ctx_record_event: None,
@@ -413,6 +416,7 @@ fn load() -> BackendResult<DriverApi> {
     api.event_create = resolve!(api, c"cuEventCreate", 2000);
     api.event_record = resolve!(api, c"cuEventRecord", 2000);
     api.event_query = resolve!(api, c"cuEventQuery", 2000);
+    api.stream_wait_event = resolve!(api, c"cuStreamWaitEvent", 3020);
     api.event_synchronize = resolve!(api, c"cuEventSynchronize", 2000);
     api.event_destroy = resolve!(api, c"cuEventDestroy", 4000);
     api.ctx_record_event = resolve!(api, c"cuCtxRecordEvent", 12050);

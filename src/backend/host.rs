@@ -79,6 +79,8 @@ struct State {
     pub allocs: u64,
     pub releases: u64,
     pub fences_recorded: u64,
+    /// Waits of a legacy stream for an event (`legacy_stream_wait`).
+    pub device_waits: u64,
     /// Completion queries answered, per context.
     queries: HashMap<u64, u64>,
     fail_next_alloc: Option<BackendError>,
@@ -126,6 +128,8 @@ pub struct HostCounters {
     pub allocs: u64,
     pub releases: u64,
     pub fences_recorded: u64,
+    /// Legacy-stream waits for events (`cuStreamWaitEvent`).
+    pub device_waits: u64,
     pub live_bytes: u64,
     /// Simulated VMM: reservations, physical handles and mappings alive now.
     pub vmm_ranges: u64,
@@ -189,6 +193,7 @@ impl HostBackend {
                 allocs: 0,
                 releases: 0,
                 fences_recorded: 0,
+                device_waits: 0,
                 queries: HashMap::new(),
                 fail_next_alloc: None,
                 fail_next_fence: None,
@@ -498,6 +503,20 @@ impl Backend for HostBackend {
         let ev = Self::record_locked(&mut s, ctx, auto);
         s.fences_recorded += 1;
         Ok(ev)
+    }
+
+    fn legacy_stream_wait(&self, ctx: ContextId, event: EventHandle) -> BackendResult<()> {
+        // The simulated device runs each context's work in record order, so a wait adds no
+        // order the simulation lacks: it is checked and counted.
+        let mut s = self.state.lock();
+        if s.capturing.contains(&ctx.0) {
+            return Err(BackendError::Capturing);
+        }
+        if event.0 & DONE_EVENT == 0 && !s.events.contains_key(&event.0) {
+            return Err(BackendError::InvalidValue);
+        }
+        s.device_waits += 1;
+        Ok(())
     }
 
     fn event_completed(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<bool> {

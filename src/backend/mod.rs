@@ -236,6 +236,15 @@ pub trait Backend: Send + Sync + 'static {
     /// tell one is in progress.
     fn record_context_fence(&self, ctx: ContextId) -> BackendResult<EventHandle>;
 
+    /// Makes the legacy default stream of `ctx` wait for `event` (`cuStreamWaitEvent` on
+    /// `CU_STREAM_LEGACY`): every piece of work queued afterwards on the legacy stream or
+    /// on any blocking stream of the context (per-thread default streams included) runs
+    /// after the event has completed. Returns at once. The caller never asks during a
+    /// capture (Note [device waits] in the pool).
+    fn legacy_stream_wait(&self, _ctx: ContextId, _event: EventHandle) -> BackendResult<()> {
+        Err(BackendError::Unavailable)
+    }
+
     /// The caller sees every stream capture of the process begin and end (the interposer
     /// hooks them) and never asks for a fence during one: a backend that probes the driver
     /// for captures before each fence may stop doing so.

@@ -63,10 +63,14 @@ impl DevicePool {
     /// free). A context fence needs no handle and covers all streams at once. Caller holds
     /// `self.events`.
     pub(super) fn seal(&self, mode: Advance) -> Outstanding {
-        let epoch = {
+        let (epoch, dropped) = {
             let mut sh = self.shared.lock();
             let outstanding = Outstanding::of(&sh);
-            if mode != Advance::Wait && sh.fences.len() >= MAX_OUTSTANDING_FENCES {
+            // Note [device waits]: there a new fence is of use at once (the legacy stream
+            // waits for it), so the oldest outstanding one makes room: blocks it covered
+            // are seen idle when a later one completes.
+            let drop_oldest = mode == Advance::Poll && super::device_waits::active();
+            if mode != Advance::Wait && sh.fences.len() >= MAX_OUTSTANDING_FENCES && !drop_oldest {
                 // The device is far behind: one more fence would not complete sooner than
                 // the outstanding ones, and the blocks simply wait for a later one.
                 return outstanding;
@@ -83,10 +87,18 @@ impl DevicePool {
             if !unsealed {
                 return outstanding;
             }
+            let dropped = if sh.fences.len() >= MAX_OUTSTANDING_FENCES && drop_oldest {
+                sh.fences.pop_front()
+            } else {
+                None
+            };
             let epoch = sh.clock;
             sh.clock += 1;
-            epoch
+            (epoch, dropped)
         };
+        if let Some((ev, _)) = dropped {
+            self.backend.recycle_event(self.ctx.id, ev);
+        }
         // Note [capture exclusion]: no capture may begin between the check and the fence.
         let recorded = match self.enter_ordering_calls() {
             Some(_calls) => self.backend.record_context_fence(self.ctx.id),
@@ -139,6 +151,11 @@ impl DevicePool {
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let Outstanding { count, newest } = self.seal(mode);
         let queries = core::cell::Cell::new(0u64);
+        // Note [device waits]: a pass that would poll or wait on the host makes the legacy
+        // stream wait for what the poll does not find complete instead.
+        // A bounded wait before growing stays on the host: what it waits for must be seen
+        // idle to move (Note [device waits]).
+        let on_device = mode == Advance::Poll && super::device_waits::active();
         let done = match (mode, newest) {
             (_, None) => 0,
             // Waiting on the newest covers every older one; if that fails (driver error),
@@ -158,9 +175,13 @@ impl DevicePool {
                         .map_or(0, |(_, e)| e),
                 }
             }
-            (Advance::Poll, Some(newest)) => self
+            (_, Some(newest)) => self
                 .newest_completed(count, newest, &queries)
                 .map_or(0, |(_, e)| e),
+        };
+        let device_done = match newest {
+            Some((ev, e)) if on_device && done < e => self.wait_on_device(ev, e),
+            _ => 0,
         };
         // Retire the fences that completed and drain what they cover; the events go back
         // to the backend with no pool lock held (Note [locks]).
@@ -172,6 +193,8 @@ impl DevicePool {
                 let mut sh = self.shared.lock();
                 sh.slow.fence_queries += queries.take();
                 sh.fence_done = sh.fence_done.max(done);
+                sh.device_drained = sh.device_drained.max(device_done);
+                Self::release_confirmed(&mut sh);
                 while n < retired.len() {
                     match sh.fences.front() {
                         Some(&(ev, e)) if e <= sh.fence_done => {
@@ -245,12 +268,18 @@ impl DevicePool {
     /// Pool lock held.
     unsafe fn drain(&self, sh: &mut Shared) -> usize {
         let mut moved = 0;
-        let fence_done = sh.fence_done;
+        // Note [device waits]: blocks up to `device_drained` are reusable too; those the
+        // host has not seen idle keep their granules pinned.
+        let confirmed = sh.fence_done;
+        let fence_done = confirmed.max(sh.device_drained);
         while let Some(idx) = sh.fence_queue.front() {
             if BLOCKS.get(idx).data().free_epoch > fence_done {
                 break;
             }
             sh.fence_queue.remove(&BLOCKS, idx);
+            if BLOCKS.get(idx).data().free_epoch > confirmed {
+                Self::hold_until_confirmed(sh, idx);
+            }
             self.insert_shared(sh, idx);
             moved += 1;
         }
@@ -262,9 +291,12 @@ impl DevicePool {
                 if d.free_epoch > fence_done {
                     break;
                 }
-                let kind = d.kind;
+                let (kind, unconfirmed) = (d.kind, d.free_epoch > confirmed);
                 st.age.remove(&BLOCKS, idx);
                 st.index(kind).remove(&BLOCKS, idx);
+                if unconfirmed {
+                    Self::hold_until_confirmed(sh, idx);
+                }
                 self.insert_shared(sh, idx);
                 moved += 1;
             }
@@ -313,7 +345,10 @@ impl DevicePool {
         }
         let (waiting, moves_into_it) = {
             let sh = self.shared.lock();
-            let streamless = sh.fence_queue.bytes;
+            // Note [device waits]: blocks drained by a device wait are reusable in place,
+            // but their memory moves only once their fence is seen complete.
+            let held_by_device: u64 = sh.device_pins.iter().map(|p| p.1).sum();
+            let streamless = sh.fence_queue.bytes + held_by_device;
             let on_streams: u64 = sh.streams.iter().map(|st| st.age.bytes).sum();
             let own = req
                 .stream
@@ -343,6 +378,8 @@ impl DevicePool {
             sh.slow.grow_waits += 1;
             sh.slow.grow_wait_ns += started.elapsed().as_nanos() as u64;
         }
+        // Blocks drained by a device wait that are now seen idle moved nothing, but their
+        // memory may move now: the caller's next fit remaps it.
         if moved == 0 {
             return None;
         }

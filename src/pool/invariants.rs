@@ -71,6 +71,12 @@ impl DevicePool {
                             }
                             idx = d.seg_next;
                         }
+                        // Note [device waits]: drained blocks not yet seen idle.
+                        for &(ptr, size, _) in &sh.device_pins {
+                            for g in a.granules(ptr, size) {
+                                expected[g] += 1;
+                            }
+                        }
                         a.check(&expected)?;
                     }
                     None => report.reserved += hd.segment_size,

@@ -42,6 +42,7 @@ pub mod arena;
 pub mod block;
 pub mod capture;
 pub mod counters;
+pub mod device_waits;
 pub mod export;
 pub mod fence_clock;
 mod fences;
@@ -154,6 +155,11 @@ pub fn pool_for(
         crate::log::error("cupool: too many CUDA contexts in one process (limit 64)");
         return Err(CupoolStatus::CupoolErrorInternal);
     }
+    if n > 0 {
+        // Note [device waits]: another context's work is not ordered by this one's legacy
+        // stream.
+        device_waits::end("a second context has a pool");
+    }
     let pool = Box::leak(Box::new(DevicePool::new(n as u16, ctx, backend)));
     pool.set_limit(limit());
     POOLS[n].store(pool, Ordering::Release);
@@ -175,6 +181,8 @@ struct SlowCounts {
     cross_stream: u64,
     grow_waits: u64,
     grow_wait_ns: u64,
+    /// Legacy-stream waits that stood in for fences (Note [device waits]).
+    device_waits: u64,
 }
 
 struct StreamState {
@@ -212,7 +220,14 @@ struct Shared {
     /// Blocks pushed to the fence queue since the last fence.
     unsealed_fence_blocks: u64,
     fence_sealed: u64,
+    /// Newest fence epoch seen complete on the host.
     fence_done: u64,
+    /// Newest fence epoch the legacy stream was made to wait for (Note [device waits]):
+    /// blocks freed up to it are reusable, though the host has not seen them idle.
+    device_drained: u64,
+    /// Arena ranges of blocks drained by a device wait, pinned until their fence epoch
+    /// (the third member) is seen complete: (address, bytes, epoch).
+    device_pins: Vec<(u64, u64, u64)>,
     clock: u64,
     reserved: u64,
     reserved_peak: u64,
@@ -363,6 +378,8 @@ impl DevicePool {
                 unsealed_fence_blocks: 0,
                 fence_sealed: 0,
                 fence_done: 0,
+                device_drained: 0,
+                device_pins: Vec::new(),
                 clock: 1,
                 reserved: 0,
                 reserved_peak: 0,

@@ -66,6 +66,7 @@ impl DevicePool {
         s.grow_waits = slow.grow_waits;
         s.grow_wait_us = slow.grow_wait_ns / 1000;
         s.fence_queries = slow.fence_queries + thread_queries;
+        s.fence_device_waits = slow.device_waits;
         s
     }
 

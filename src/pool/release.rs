@@ -41,10 +41,14 @@ impl DevicePool {
         let victims: Vec<(u64, u64, SegmentKind)> = {
             let mut sh = self.shared.lock();
             let arena_base = sh.arena.as_ref().map(|a| a.base);
+            // Note [device waits]: while a block drained by a device wait has not been
+            // seen idle, a free segment may still be in use by the device.
+            let unconfirmed = sh.device_drained > sh.fence_done;
             // SAFETY: pool lock held.
             let mut idle: Vec<(u64, BlockIdx, u64)> = unsafe {
                 sh.segments
                     .iter()
+                    .filter(|_| !unconfirmed)
                     .filter(|&(&base, _)| Some(base) != arena_base)
                     .filter(|&(base, _)| !sh.exported.contains(base))
                     .filter_map(|(&base, &idx)| {

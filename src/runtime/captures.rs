@@ -73,6 +73,8 @@ impl Runtime {
         if caller.id == peer {
             return Ok(());
         }
+        // Note [device waits]: the caller's work is not ordered by the peer's legacy stream.
+        pool::device_waits::end("peer access enabled");
         // Recorded first: a map from now on grants the caller's device itself, and one
         // made before is granted below (maps and grants are serialised per pool).
         self.backend.set_peer_access(peer, caller.device, true);

@@ -63,6 +63,11 @@ pub fn creations_seen_by_caller() {
     CREATIONS_SEEN.store(true, Ordering::Release);
 }
 
+/// Whether the interposer reports every stream creation ([`creations_seen_by_caller`]).
+pub fn creations_seen() -> bool {
+    CREATIONS_SEEN.load(Ordering::Acquire)
+}
+
 /// A stream is about to be created: every thread's remembered ids are stale from now on.
 pub fn stream_created() {
     CREATIONS.fetch_add(1, Ordering::AcqRel);

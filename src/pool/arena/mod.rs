@@ -344,24 +344,18 @@ impl Arena {
     }
 
     /// Bytes of the free shared block `[ptr, ptr + size)` that lie in pinned granules (mapped,
-    /// and not releasable while a block outside the shared index touches them). Only its
-    /// end granules can be pinned: a granule wholly inside one free shared block has no pin.
+    /// and not releasable while a block outside the shared index touches them). Mostly its
+    /// end granules: a granule wholly inside one free shared block has no pin, unless a
+    /// block drained by a device wait still holds it (Note [device waits]).
     pub fn pinned_ends(&self, ptr: u64, size: u64) -> u64 {
-        let r = self.granules(ptr, size);
-        let (first, last) = (*r.start(), *r.end());
-        let overlap = |g: usize| {
-            let start = self.address(g).max(ptr);
-            let end = (self.address(g) + self.granule).min(ptr + size);
-            end - start
-        };
-        let mut bytes = 0;
-        if self.pins[first] > 0 {
-            bytes += overlap(first);
-        }
-        if last != first && self.pins[last] > 0 {
-            bytes += overlap(last);
-        }
-        bytes
+        self.granules(ptr, size)
+            .filter(|&g| self.pins[g] > 0)
+            .map(|g| {
+                let start = self.address(g).max(ptr);
+                let end = (self.address(g) + self.granule).min(ptr + size);
+                end - start
+            })
+            .sum()
     }
 
     /// Checks pins against what the blocks imply (`expected`, one count per granule), and

@@ -1,8 +1,10 @@
 //! Stream-creation hooks: every creation makes the stream ids threads remember stale (Note
-//! [stream id cache] in `cupool::runtime::stream_ids`), and the first stream a program
-//! creates ends legacy order (Note [legacy order] in `cupool::runtime::legacy_order`): from
-//! then on work may run outside the legacy default stream's order, so streamless frees
-//! wait for context fences again.
+//! [stream id cache] in `cupool::runtime::stream_ids`), the first stream a program creates
+//! ends legacy order (Note [legacy order] in `cupool::runtime::legacy_order`): from then on
+//! work may run outside the legacy default stream's order, so streamless frees wait for
+//! context fences again; and the first non-blocking stream ends device waits (Note [device
+//! waits] in `cupool::pool::device_waits`): its work is not ordered after a wait of the
+//! legacy stream.
 //!
 //! The mode ends before the real call, so that no block is handed out under legacy order
 //! once the stream exists; the real call's result is returned unchanged. Ending it waits
@@ -19,9 +21,9 @@ use core::ffi::{c_int, c_uint};
 /// `CU_STREAM_NON_BLOCKING`: work on the stream is not ordered with the legacy stream.
 const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 
-/// A stream is being created: the ids threads remember go stale (always), and legacy
-/// order ends (not in a fork child, where the pool is not used, nor once the process
-/// exits).
+/// A stream is being created with `flags`: the ids threads remember go stale (always),
+/// legacy order ends, and device waits end if it is non-blocking (not in a fork child,
+/// where the pool is not used, nor once the process exits).
 fn stream_created(how: &str, flags: c_uint) {
     // Note [stream id cache]: before the real call, so that no thread can name the new
     // stream under an id remembered for the handle's previous stream.

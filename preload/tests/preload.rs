@@ -273,6 +273,45 @@ fn legacy_order_reuses_at_once_until_a_stream_is_created() {
     }
 }
 
+/// Note [device waits]: under the preload (`fence_waits:auto`), with every fence held in
+/// flight, a block freed without a stream comes back at once behind a legacy-stream wait,
+/// also once a blocking stream exists; the first non-blocking stream ends that after one
+/// wait for queued work. With `fence_waits:host` no legacy-stream wait is ever made.
+#[test]
+fn device_waits_reuse_at_once_until_a_non_blocking_stream_is_created() {
+    let held = ("FAKE_CUDA_EVENT_LATENCY", "1000000");
+    for reach in ALL_REACHES {
+        let exe = support::driver_program(reach);
+        let on = run_ok(&exe, &["device-waits"], true, &[held]);
+        assert_eq!(on.num("before.same_block"), 50, "{reach:?}");
+        assert!(on.num("before.legacy_waits") >= 49, "{reach:?}");
+        assert_eq!(on.num("blocking.same_block"), 50, "{reach:?}");
+        assert!(on.num("blocking.legacy_waits") >= 50, "{reach:?}");
+        assert!(
+            on.num("at_non_blocking.waits") >= 1,
+            "{reach:?}: the wait at the end"
+        );
+        assert_eq!(on.num("after.legacy_waits"), 0, "{reach:?}");
+        assert!(
+            on.num("after.fences") > 0,
+            "{reach:?}: frees fenced on the host again"
+        );
+
+        let host = run_ok(
+            &exe,
+            &["device-waits"],
+            true,
+            &[held, ("CUPOOL_CONF", "fence_waits:host")],
+        );
+        assert_eq!(host.num("before.legacy_waits"), 0, "{reach:?}");
+        assert_eq!(host.num("blocking.legacy_waits"), 0, "{reach:?}");
+        assert!(
+            host.num("before.same_block") < 50,
+            "{reach:?}: fenced on the host"
+        );
+    }
+}
+
 /// Note [stream id cache]: under the preload a stream-ordered pair (through the C API) does
 /// not ask the driver for its stream's id, and a stream created since makes the pool ask
 /// again (the creation hook at work).

@@ -52,6 +52,9 @@ struct fake_cuda_counters {
     uint64_t host_live_bytes;  /* bytes of live host allocations */
     uint64_t host_register;    /* successful cuMemHostRegister_v2 */
     uint64_t host_unregister;  /* successful cuMemHostUnregister */
+    /* Stream waits for events. */
+    uint64_t stream_wait_event;        /* successful cuStreamWaitEvent */
+    uint64_t stream_wait_event_legacy; /* of them, on CU_STREAM_LEGACY */
 };
 
 /* Copies the counters to *out (out may not be NULL). */

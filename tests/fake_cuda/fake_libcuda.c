@@ -2125,6 +2125,24 @@ static CUresult fk_cuEventSynchronize(CUevent event)
     return rc;
 }
 
+/* Every stream may wait for any recorded event: the fake runs no work, so the wait only
+ * checks the handle and is counted (on CU_STREAM_LEGACY apart). */
+static CUresult fk_cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags)
+{
+    lock();
+    REQUIRE_INIT();
+    CUresult rc = CUDA_SUCCESS;
+    if (!find_event(event) || flags != 0)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else {
+        g_counters.stream_wait_event++;
+        g_counters.stream_wait_event_legacy += stream == (CUstream)0x1;
+    }
+    trace("cuStreamWaitEvent(%p, %p, %u) -> %d", (void *)stream, (void *)event, flags, rc);
+    unlock();
+    return rc;
+}
+
 /* ---- errors ------------------------------------------------------------------------- */
 
 static const char *error_name(CUresult e)
@@ -2255,6 +2273,7 @@ static const struct proc_entry g_procs[] = {
     PROC("cuEventRecord", 2000, fk_cuEventRecord),
     PROC("cuEventQuery", 2000, fk_cuEventQuery),
     PROC("cuEventSynchronize", 2000, fk_cuEventSynchronize),
+    PROC("cuStreamWaitEvent", 3020, fk_cuStreamWaitEvent),
     PROC("cuEventDestroy", 2000, fk_cuEventDestroy),
     PROC("cuEventDestroy", 4000, fk_cuEventDestroy_v2),
 };
@@ -2488,6 +2507,7 @@ EXPORT_ALIAS(cuEventRecord);
 EXPORT_ALIAS(cuCtxRecordEvent);
 EXPORT_ALIAS(cuEventQuery);
 EXPORT_ALIAS(cuEventSynchronize);
+EXPORT_ALIAS(cuStreamWaitEvent);
 EXPORT_ALIAS(cuGetErrorName);
 EXPORT_ALIAS(cuGetErrorString);
 EXPORT_ALIAS(cuGetProcAddress);

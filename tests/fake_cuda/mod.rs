@@ -100,6 +100,9 @@ pub struct FakeCudaCounters {
     pub host_live_bytes: u64,
     pub host_register: u64,
     pub host_unregister: u64,
+    /// `cuStreamWaitEvent` calls that succeeded, and of them those on `CU_STREAM_LEGACY`.
+    pub stream_wait_event: u64,
+    pub stream_wait_event_legacy: u64,
 }
 
 /// The fake's VMM functions, for [`FakeCuda::fail_vmm`] (`enum fake_cuda_vmm_fn`).

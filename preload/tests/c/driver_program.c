@@ -228,6 +228,50 @@ static void scenario_legacy_order(void)
 }
 
 /*
+ * Device waits (Note [device waits]): with every fence held in flight
+ * (FAKE_CUDA_EVENT_LATENCY), a 64 MiB block freed and allocated again comes back at once
+ * behind a wait of the legacy stream; a blocking stream leaves that on; the first
+ * non-blocking stream ends it with one wait for queued work, and no legacy wait follows.
+ */
+static int same_block_pairs(int pairs)
+{
+    CUdeviceptr p = 0, first = 0;
+    int same = 0;
+    for (int i = 0; i < pairs; i++) {
+        CHECK(drv.cuMemAlloc_v2(&p, 64 * MIB));
+        if (i == 0)
+            first = p;
+        same += p == first;
+        CHECK(drv.cuMemFree_v2(p));
+    }
+    return same;
+}
+
+static void scenario_device_waits(void)
+{
+    struct fake_cuda_counters c0, c1, c2, c3, c4;
+    fake_counters(&c0);
+    int before = same_block_pairs(50);
+    fake_counters(&c1);
+    CUhandle blocking = NULL, non_blocking = NULL;
+    CHECK(drv.cuStreamCreate(&blocking, 0));
+    int blocking_same = same_block_pairs(50);
+    fake_counters(&c2);
+    CHECK(drv.cuStreamCreate(&non_blocking, 1 /* CU_STREAM_NON_BLOCKING */));
+    fake_counters(&c3);
+    same_block_pairs(5);
+    fake_counters(&c4);
+    printf("before.same_block=%d\nbefore.legacy_waits=%llu\n", before,
+           (unsigned long long)(c1.stream_wait_event_legacy - c0.stream_wait_event_legacy));
+    printf("blocking.same_block=%d\nblocking.legacy_waits=%llu\n", blocking_same,
+           (unsigned long long)(c2.stream_wait_event_legacy - c1.stream_wait_event_legacy));
+    printf("at_non_blocking.waits=%llu\n", (unsigned long long)(c3.event_sync - c2.event_sync));
+    printf("after.legacy_waits=%llu\nafter.fences=%llu\n",
+           (unsigned long long)(c4.stream_wait_event_legacy - c3.stream_wait_event_legacy),
+           (unsigned long long)(c4.ctx_record_event - c3.ctx_record_event));
+}
+
+/*
  * Stream-ordered pairs through cupool's C API (the preload's own exports: the interposer
  * serves cuMemAlloc, not cuMemAllocAsync) on stream A, then on a stream B created after,
  * then on A again. Note [stream id cache]: the pool asks the driver for a stream's id once
@@ -658,6 +702,8 @@ int main(int argc, char **argv)
         scenario_errors();
     else if (!strcmp(s, "legacy-order"))
         scenario_legacy_order();
+    else if (!strcmp(s, "device-waits"))
+        scenario_device_waits();
     else if (!strcmp(s, "stream-ids"))
         scenario_stream_ids();
     else if (!strcmp(s, "oom"))

@@ -2,10 +2,12 @@
 // a steady clock, and the kernels that write, check and delay.
 #pragma once
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 // A failed CUDA call ends the program: the suite counts a program that exits non-zero
@@ -117,4 +119,17 @@ static inline unsigned long long device_mismatches(const void *p, size_t n, uint
   h_count = *d_count;
   CK(cudaFreeHost(d_count));
   return h_count;
+}
+
+// One counter of the preloaded pool's statistics (all devices, `cupool_stats_json`), -1
+// without the preload. `key` may also reach into a level: `"name\":{\"current"`.
+static inline long long pool_counter(const char *key) {
+  typedef int (*stats_json_fn)(int, char *, size_t, size_t *);
+  static stats_json_fn stats_json = (stats_json_fn)dlsym(RTLD_DEFAULT, "cupool_stats_json");
+  static char buf[8192];
+  if (!stats_json || stats_json(-1, buf, sizeof buf, nullptr) != 0) return -1;
+  char quoted[96];
+  snprintf(quoted, sizeof quoted, "\"%s\":", key);
+  const char *at = strstr(buf, quoted);
+  return at ? atoll(at + strlen(quoted)) : -1;
 }

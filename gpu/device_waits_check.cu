@@ -15,9 +15,6 @@
 // Phase 3: a non-blocking stream is created while a late writer is queued (device waits
 // end there, after a wait for the device); the new owner writes on that stream. Then the
 // phase-1 round again: the pool must not wait on the device any more.
-#include <dlfcn.h>
-#include <string.h>
-
 #include <thread>
 
 #include "common.cuh"
@@ -25,18 +22,6 @@
 static const size_t kBytes = 64u << 20;
 static const uint64_t kLateNs = 2ull * 1000 * 1000;
 static const int kRounds = 40;
-
-// A counter of the preloaded pool's statistics, -1 without the preload.
-static long long pool_counter(const char *key) {
-  typedef int (*stats_json_fn)(int, char *, size_t, size_t *);
-  stats_json_fn stats_json = (stats_json_fn)dlsym(RTLD_DEFAULT, "cupool_stats_json");
-  static char buf[8192];
-  if (!stats_json || stats_json(-1, buf, sizeof buf, nullptr) != 0) return -1;
-  char pat[96];
-  snprintf(pat, sizeof pat, "\"%s\":", key);
-  const char *at = strstr(buf, pat);
-  return at ? atoll(at + strlen(pat)) : -1;
-}
 
 struct Outcome {
   int reused = 0;

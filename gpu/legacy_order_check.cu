@@ -13,29 +13,16 @@
 // non-blocking stream is created (the mode ends there, after one wait for the device), the
 // same size allocated and pattern C written on the new stream. If the end did not wait,
 // the late writer, still running on the legacy stream, would overwrite C with A.
-#include <dlfcn.h>
-#include <string.h>
-
 #include "common.cuh"
 
 static const size_t kBytes = 64u << 20;
 static const uint64_t kLateNs = 20ull * 1000 * 1000;
 
-// The preloaded pool's fences so far, -1 without the preload.
-static long long pool_fences() {
-  typedef int (*stats_json_fn)(int, char *, size_t, size_t *);
-  stats_json_fn stats_json = (stats_json_fn)dlsym(RTLD_DEFAULT, "cupool_stats_json");
-  static char buf[8192];
-  if (!stats_json || stats_json(-1, buf, sizeof buf, nullptr) != 0) return -1;
-  const char *at = strstr(buf, "\"fences_recorded\":");
-  return at ? atoll(at + strlen("\"fences_recorded\":")) : -1;
-}
-
 int main() {
   CK(cudaFree(0));
   const unsigned grid = grid_for(kBytes);
   // Phase 1.
-  long long fences_before = pool_fences();
+  long long fences_before = pool_counter("fences_recorded");
   int reused = 0;
   unsigned long long bad = 0;
   for (int round = 0; round < 50; round++) {
@@ -51,7 +38,7 @@ int main() {
     bad += device_mismatches(b, kBytes, 2000 + round, 0);
     CK(cudaFree(b));
   }
-  long long fences_after = pool_fences();
+  long long fences_after = pool_counter("fences_recorded");
   check("legacy_order.reuse_while_behind_keeps_order", bad == 0, "%llu bytes wrong", bad);
   // Run as the suite runs it (the preload and legacy_order:on), the mode must have served
   // these rounds: every reallocation the same block, and no fence. Elsewhere this says

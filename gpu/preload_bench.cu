@@ -12,18 +12,6 @@
 
 #include "common.cuh"
 
-// One counter of the preloaded pool's statistics (all devices), -1 without the preload.
-static long long pool_counter(const char *key) {
-  typedef int (*stats_json_fn)(int, char *, size_t, size_t *);
-  static stats_json_fn stats_json = (stats_json_fn)dlsym(RTLD_DEFAULT, "cupool_stats_json");
-  static char buf[4096];
-  if (!stats_json || stats_json(-1, buf, sizeof buf, nullptr) != 0) return -1;
-  char quoted[64];
-  snprintf(quoted, sizeof quoted, "\"%s\":", key);
-  const char *at = strstr(buf, quoted);
-  return at ? atoll(at + strlen(quoted)) : -1;
-}
-
 // The current value of one level of the preloaded pool's statistics, -1 without the preload.
 static long long pool_level_now(const char *key) {
   char counter[64];

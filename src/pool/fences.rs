@@ -151,10 +151,9 @@ impl DevicePool {
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let Outstanding { count, newest } = self.seal(mode);
         let queries = core::cell::Cell::new(0u64);
-        // Note [device waits]: a pass that would poll or wait on the host makes the legacy
-        // stream wait for what the poll does not find complete instead.
-        // A bounded wait before growing stays on the host: what it waits for must be seen
-        // idle to move (Note [device waits]).
+        // Note [device waits]: a poll makes the legacy stream wait for what it does not find
+        // complete. A bounded wait before growing stays on the host: what it waits for
+        // must be seen idle to move.
         let on_device = mode == Advance::Poll && super::device_waits::active();
         let done = match (mode, newest) {
             (_, None) => 0,

@@ -90,10 +90,8 @@ pub fn ended() -> bool {
 /// a device wait stood in for. Safe to call at any time, from any thread, before the pool
 /// has started too (they then never start).
 pub fn end(reason: &str) {
-    match STATE.swap(ENDED, Ordering::SeqCst) {
-        ON => {}
-        OFF => return,
-        _ => return,
+    if STATE.swap(ENDED, Ordering::SeqCst) != ON {
+        return;
     }
     crate::log::info(&format!(
         "cupool: device waits end ({reason}): blocks freed without a stream wait for their fence on the host from now on"

@@ -190,6 +190,21 @@ static void scenario_loop(void)
     print_pool_stats();
 }
 
+/* `pairs` allocations of `bytes` each freed at once; how many got the first one's block. */
+static int same_block_pairs(int pairs, size_t bytes)
+{
+    CUdeviceptr p = 0, first = 0;
+    int same = 0;
+    for (int i = 0; i < pairs; i++) {
+        CHECK(drv.cuMemAlloc_v2(&p, bytes));
+        if (i == 0)
+            first = p;
+        same += p == first;
+        CHECK(drv.cuMemFree_v2(p));
+    }
+    return same;
+}
+
 /*
  * Legacy order (Note [legacy order]): while no stream exists, a free is reused at once with
  * no context fence; the first stream created ends that with one wait for queued work, and
@@ -199,16 +214,9 @@ static void scenario_legacy_order(void)
 {
     enum { PAIRS = 200 };
     struct fake_cuda_counters c0, c1, c2;
-    CUdeviceptr p = 0, first = 0;
-    int same = 0;
+    CUdeviceptr p = 0;
     fake_counters(&c0);
-    for (int i = 0; i < PAIRS; i++) {
-        CHECK(drv.cuMemAlloc_v2(&p, 3 * MIB));
-        if (i == 0)
-            first = p;
-        same += p == first;
-        CHECK(drv.cuMemFree_v2(p));
-    }
+    int same = same_block_pairs(PAIRS, 3 * MIB);
     fake_counters(&c1);
     CUhandle stream = NULL;
     CHECK(drv.cuStreamCreate(&stream, 0));
@@ -233,33 +241,19 @@ static void scenario_legacy_order(void)
  * behind a wait of the legacy stream; a blocking stream leaves that on; the first
  * non-blocking stream ends it with one wait for queued work, and no legacy wait follows.
  */
-static int same_block_pairs(int pairs)
-{
-    CUdeviceptr p = 0, first = 0;
-    int same = 0;
-    for (int i = 0; i < pairs; i++) {
-        CHECK(drv.cuMemAlloc_v2(&p, 64 * MIB));
-        if (i == 0)
-            first = p;
-        same += p == first;
-        CHECK(drv.cuMemFree_v2(p));
-    }
-    return same;
-}
-
 static void scenario_device_waits(void)
 {
     struct fake_cuda_counters c0, c1, c2, c3, c4;
     fake_counters(&c0);
-    int before = same_block_pairs(50);
+    int before = same_block_pairs(50, 64 * MIB);
     fake_counters(&c1);
     CUhandle blocking = NULL, non_blocking = NULL;
     CHECK(drv.cuStreamCreate(&blocking, 0));
-    int blocking_same = same_block_pairs(50);
+    int blocking_same = same_block_pairs(50, 64 * MIB);
     fake_counters(&c2);
     CHECK(drv.cuStreamCreate(&non_blocking, 1 /* CU_STREAM_NON_BLOCKING */));
     fake_counters(&c3);
-    same_block_pairs(5);
+    same_block_pairs(5, 64 * MIB);
     fake_counters(&c4);
     printf("before.same_block=%d\nbefore.legacy_waits=%llu\n", before,
            (unsigned long long)(c1.stream_wait_event_legacy - c0.stream_wait_event_legacy));

@@ -128,14 +128,13 @@ impl DevicePool {
 
     /// Waits on the host for every fence a device wait stood in for, so that blocks it
     /// drained are idle before work that a legacy-stream wait does not order may start.
+    ///
+    /// Always a waiting pass, never a look at `device_drained` first: a pass in flight on
+    /// another thread may have made its device wait without having recorded it yet. The
+    /// waiting pass takes the fence lock after that pass, and waits for the newest fence,
+    /// which covers it.
     fn settle_device_waits(&self) {
-        let pending = {
-            let sh = self.shared.lock();
-            sh.device_drained > sh.fence_done
-        };
-        if pending {
-            self.advance(Advance::Wait);
-        }
+        self.advance(Advance::Wait);
         let sh = self.shared.lock();
         if sh.device_drained > sh.fence_done {
             crate::log::warn(&format!(

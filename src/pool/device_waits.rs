@@ -115,10 +115,7 @@ impl DevicePool {
             return 0;
         };
         match self.backend.legacy_stream_wait(self.ctx.id, fence) {
-            Ok(()) => {
-                self.shared.lock().slow.device_waits += 1;
-                epoch
-            }
+            Ok(()) => epoch,
             Err(e) => {
                 crate::log::debug(&format!("cupool: legacy stream wait failed: {e:?}"));
                 0

@@ -178,7 +178,7 @@ impl DevicePool {
                 .newest_completed(count, newest, &queries)
                 .map_or(0, |(_, e)| e),
         };
-        let device_done = match newest {
+        let mut device_done = match newest {
             Some((ev, e)) if on_device && done < e => self.wait_on_device(ev, e),
             _ => 0,
         };
@@ -192,7 +192,12 @@ impl DevicePool {
                 let mut sh = self.shared.lock();
                 sh.slow.fence_queries += queries.take();
                 sh.fence_done = sh.fence_done.max(done);
-                sh.device_drained = sh.device_drained.max(device_done);
+                // Taken once, as the queries are: later rounds only retire more fences.
+                let waited_to = core::mem::take(&mut device_done);
+                if waited_to > 0 {
+                    sh.slow.device_waits += 1;
+                    sh.device_drained = sh.device_drained.max(waited_to);
+                }
                 Self::release_confirmed(&mut sh);
                 while n < retired.len() {
                     match sh.fences.front() {

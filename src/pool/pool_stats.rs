@@ -176,7 +176,7 @@ impl FreeTally {
             // Blocks outside the shared index pin (and keep mapped) all their granules.
             Some(a) => {
                 self.arena_mapped += if shared {
-                    a.pinned_ends(d.ptr, d.size)
+                    a.pinned_bytes(d.ptr, d.size)
                 } else {
                     d.size
                 }

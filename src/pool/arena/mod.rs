@@ -347,7 +347,7 @@ impl Arena {
     /// and not releasable while a block outside the shared index touches them). Mostly its
     /// end granules: a granule wholly inside one free shared block has no pin, unless a
     /// block drained by a device wait still holds it (Note [device waits]).
-    pub fn pinned_ends(&self, ptr: u64, size: u64) -> u64 {
+    pub fn pinned_bytes(&self, ptr: u64, size: u64) -> u64 {
         self.granules(ptr, size)
             .filter(|&g| self.pins[g] > 0)
             .map(|g| {

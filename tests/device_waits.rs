@@ -1,8 +1,10 @@
 //! `fence_waits:device` (Note [device waits]) on the host backend, with the simulated device
 //! holding every fence in flight: a block freed without a stream is reused at once behind a
 //! legacy-stream wait instead of growing the pool; its granules stay pinned (not moved, not
-//! released) until the host sees its fence complete; a second context ends the mode, after
-//! which a miss grows again. One process, one test: the mode is process-wide.
+//! released) until the host sees its fence complete; a listed non-blocking stream waits at
+//! its creation (only while drained blocks may be in use) and at every device wait, until
+//! it is destroyed; a second context ends the mode, after which a miss grows again. One
+//! process, one test: the mode is process-wide.
 
 mod host_pool;
 
@@ -69,6 +71,56 @@ fn a_fenced_block_is_reused_behind_a_device_wait_until_the_mode_ends() {
         "the memory is free again and may move: {now:?}"
     );
     rt.free(d).unwrap();
+
+    // Non-blocking streams (the preload's hooks call these). Once the fences are seen
+    // complete (empty_cache waits for them), nothing drained is in flight: a new stream
+    // needs no wait.
+    host.complete_all(ctx.id);
+    rt.empty_cache(Some(0)).unwrap();
+    let first: cupool::backend::StreamHandle = 0x51;
+    let waited = host.counters().stream_waits;
+    device_waits::non_blocking_stream_created(first);
+    assert_eq!(host.counters().stream_waits, waited, "nothing to wait for");
+    assert_eq!(device_waits::non_blocking_streams(), 1);
+    // Every device wait makes it wait too.
+    let e = rt.alloc(n).unwrap();
+    rt.free(e).unwrap();
+    let (legacy, other) = (host.counters().device_waits, host.counters().stream_waits);
+    for _ in 0..5 {
+        let again = rt.alloc(n).unwrap();
+        assert_eq!(again, e);
+        rt.free(again).unwrap();
+    }
+    let legacy = host.counters().device_waits - legacy;
+    assert!(legacy >= 5, "{legacy}");
+    assert_eq!(
+        host.counters().stream_waits - other,
+        legacy,
+        "one per device wait"
+    );
+    // Created while a drained block may be in use: it waits once, at creation.
+    let f = rt.alloc(n).unwrap();
+    assert_eq!(f, e);
+    let second: cupool::backend::StreamHandle = 0x52;
+    let other = host.counters().stream_waits;
+    device_waits::non_blocking_stream_created(second);
+    assert_eq!(
+        host.counters().stream_waits - other,
+        1,
+        "covered at creation"
+    );
+    // Destroyed streams are not named again.
+    device_waits::stream_destroyed(first);
+    device_waits::stream_destroyed(second);
+    assert_eq!(device_waits::non_blocking_streams(), 0);
+    rt.free(f).unwrap();
+    let (legacy, other) = (host.counters().device_waits, host.counters().stream_waits);
+    let g = rt.alloc(n).unwrap();
+    assert_eq!(g, e);
+    assert!(host.counters().device_waits > legacy);
+    assert_eq!(host.counters().stream_waits, other, "no stream listed");
+    rt.free(g).unwrap();
+    host.complete_all(ctx.id);
 
     // A second context with a pool ends the mode; blocks freed afterwards wait for their
     // fence on the host again, so a reuse while it is in flight grows the pool instead.

@@ -71,6 +71,10 @@ type EndFn = unsafe extern "C" fn(CuHandle, *mut CuHandle) -> CuResult;
 /// `cuIpcOpenMemHandle` and its `_v2` (the same signature; the handle by value).
 pub type IpcOpenFn =
     unsafe extern "C" fn(*mut CuDevicePtr, crate::cuda::CuIpcMemHandle, c_uint) -> CuResult;
+/// `cuStreamDestroy`, `cuCtxDestroy` (each variant): one handle.
+pub type HandleFn = unsafe extern "C" fn(CuHandle) -> CuResult;
+/// `cuDevicePrimaryCtxReset` and its `_v2`: a device ordinal.
+pub type DeviceFn = unsafe extern "C" fn(c_int) -> CuResult;
 /// `cuMemFreeAsync` and its `_ptsz` variant.
 pub type MemFreeAsyncFn = unsafe extern "C" fn(CuDevicePtr, CuHandle) -> CuResult;
 
@@ -111,6 +115,11 @@ slots! {
         unsafe extern "C" fn(*mut CuHandle, c_uint, c_int) -> CuResult;
     GreenCtxStreamCreate = "cuGreenCtxStreamCreate":
         unsafe extern "C" fn(*mut CuHandle, CuHandle, c_uint, c_int) -> CuResult;
+    StreamDestroyV1 = "cuStreamDestroy": HandleFn;
+    StreamDestroy = "cuStreamDestroy_v2": HandleFn;
+    CtxDestroy = "cuCtxDestroy_v2": HandleFn;
+    PrimaryCtxResetV1 = "cuDevicePrimaryCtxReset": DeviceFn;
+    PrimaryCtxReset = "cuDevicePrimaryCtxReset_v2": DeviceFn;
     MemHostAlloc = "cuMemHostAlloc":
         unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult;
     MemAllocHost = "cuMemAllocHost_v2": unsafe extern "C" fn(*mut *mut c_void, usize) -> CuResult;

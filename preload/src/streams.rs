@@ -1,15 +1,22 @@
-//! Stream-creation hooks: every creation makes the stream ids threads remember stale (Note
-//! [stream id cache] in `cupool::runtime::stream_ids`), the first stream a program creates
-//! ends legacy order (Note [legacy order] in `cupool::runtime::legacy_order`): from then on
-//! work may run outside the legacy default stream's order, so streamless frees wait for
-//! context fences again; and the first non-blocking stream ends device waits (Note [device
-//! waits] in `cupool::pool::device_waits`): its work is not ordered after a wait of the
-//! legacy stream.
+//! Stream and context lifetime hooks.
 //!
-//! The mode ends before the real call, so that no block is handed out under legacy order
-//! once the stream exists; the real call's result is returned unchanged. Ending it waits
-//! once for the work queued so far (a driver call from this hook, as the pool's own calls
-//! are; none after exit, none in a fork child).
+//! Creation: every creation makes the stream ids threads remember stale (Note [stream id
+//! cache] in `cupool::runtime::stream_ids`), and the first stream a program creates ends
+//! legacy order (Note [legacy order] in `cupool::runtime::legacy_order`): from then on work
+//! may run outside the legacy default stream's order, so streamless frees wait for context
+//! fences again. That mode ends before the real call, so that no block is handed out under
+//! legacy order once the stream exists.
+//!
+//! Device waits (Note [device waits] in `cupool::pool::device_waits`): a non-blocking
+//! stream's work is not ordered after a wait of the legacy stream, so the pool keeps the
+//! live ones and makes them wait too. A new one is listed after the real call (its handle
+//! is known then), before the program can queue work on it; a stream leaves the list
+//! before it is destroyed, and a context destroyed or reset (its streams with it) ends
+//! device waits first. A green context's streams end them before they exist.
+//!
+//! The real calls' results are returned unchanged. The driver calls these hooks make (a
+//! stream wait, or a wait for queued work when a mode ends) are the pool's own, as in its
+//! other calls: none after exit, none in a fork child.
 
 use crate::cuda::*;
 use crate::guard::cuda_call;
@@ -21,15 +28,15 @@ use core::ffi::{c_int, c_uint};
 /// `CU_STREAM_NON_BLOCKING`: work on the stream is not ordered with the legacy stream.
 const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 
-/// A stream is being created with `flags`: the ids threads remember go stale (always),
-/// legacy order ends, and device waits end if it is non-blocking (not in a fork child,
-/// where the pool is not used, nor once the process exits).
-fn stream_created(how: &str, flags: c_uint) {
+/// A stream is being created with `flags`: the ids threads remember go stale (always), and
+/// legacy order ends (not in a fork child, where the pool is not used, nor once the
+/// process exits). Returns whether the stream, once made, is for the device waits' list.
+fn stream_created(how: &str, flags: c_uint) -> bool {
     // Note [stream id cache]: before the real call, so that no thread can name the new
     // stream under an id remembered for the handle's previous stream.
     cupool::runtime::stream_ids::stream_created();
     if lifecycle::pass_through() || lifecycle::exiting() {
-        return;
+        return false;
     }
     if cupool::log::level() >= cupool::log::Level::Debug {
         cupool::log::debug(&format!(
@@ -39,9 +46,31 @@ fn stream_created(how: &str, flags: c_uint) {
     }
     // Also before the pool starts: a stream created then keeps legacy order from starting.
     cupool::runtime::legacy_order::end(how);
-    if flags & CU_STREAM_NON_BLOCKING != 0 {
-        // Note [device waits]: its work is not ordered after the legacy stream.
-        cupool::pool::device_waits::end("the program created a non-blocking stream");
+    flags & CU_STREAM_NON_BLOCKING != 0
+}
+
+/// After the real creation: a non-blocking stream joins the device waits' list.
+///
+/// # Safety
+/// `stream` is the creation's out-pointer.
+unsafe fn stream_made(listed: bool, stream: *mut CuHandle, rc: CuResult) -> CuResult {
+    if listed && rc == CUDA_SUCCESS && !stream.is_null() {
+        // SAFETY: the driver wrote the new handle there.
+        let handle = unsafe { *stream };
+        cupool::pool::device_waits::non_blocking_stream_created(handle as usize);
+    }
+    rc
+}
+
+/// A stream or context is about to go (`handle`: a stream, or `None` for a context):
+/// the device waits' list forgets it first (not in a fork child, nor at exit).
+fn going_away(stream: Option<CuHandle>) {
+    if lifecycle::pass_through() || lifecycle::exiting() {
+        return;
+    }
+    match stream {
+        Some(s) => cupool::pool::device_waits::stream_destroyed(s as usize),
+        None => cupool::pool::device_waits::context_going_away(),
     }
 }
 
@@ -53,9 +82,11 @@ pub unsafe extern "C" fn cuStreamCreate(stream: *mut CuHandle, flags: c_uint) ->
         let Some(real) = real::get::<sig::StreamCreate>() else {
             return CUDA_ERROR_NOT_INITIALIZED;
         };
-        stream_created("the program created a stream", flags);
+        let listed = stream_created("the program created a stream", flags);
         // SAFETY: arguments forwarded unchanged.
-        unsafe { real(stream, flags) }
+        let rc = unsafe { real(stream, flags) };
+        // SAFETY: the creation's out-pointer.
+        unsafe { stream_made(listed, stream, rc) }
     })
 }
 
@@ -71,9 +102,11 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
         let Some(real) = real::get::<sig::StreamCreateWithPriority>() else {
             return CUDA_ERROR_NOT_INITIALIZED;
         };
-        stream_created("the program created a stream", flags);
+        let listed = stream_created("the program created a stream", flags);
         // SAFETY: arguments forwarded unchanged.
-        unsafe { real(stream, flags, priority) }
+        let rc = unsafe { real(stream, flags, priority) };
+        // SAFETY: the creation's out-pointer.
+        unsafe { stream_made(listed, stream, rc) }
     })
 }
 
@@ -91,12 +124,83 @@ pub unsafe extern "C" fn cuGreenCtxStreamCreate(
         let Some(real) = real::get::<sig::GreenCtxStreamCreate>() else {
             return CUDA_ERROR_NOT_INITIALIZED;
         };
-        // A green context's streams are non-blocking whatever the flags say.
-        stream_created(
-            "the program created a stream of a green context",
-            flags | CU_STREAM_NON_BLOCKING,
-        );
+        stream_created("the program created a stream of a green context", flags);
+        // A green context's streams are non-blocking whatever the flags say, and belong to
+        // another context: device waits end before one exists.
+        if !lifecycle::pass_through() && !lifecycle::exiting() {
+            cupool::pool::device_waits::end("the program created a stream of a green context");
+        }
         // SAFETY: arguments forwarded unchanged.
         unsafe { real(stream, green_ctx, flags, priority) }
+    })
+}
+
+/// `cuStreamDestroy_v2(CUstream hStream)`.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamDestroy_v2(stream: CuHandle) -> CuResult {
+    cuda_call("cuStreamDestroy_v2", || {
+        // SAFETY: the slot holds the real cuStreamDestroy_v2.
+        let Some(real) = real::get::<sig::StreamDestroy>() else {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        };
+        going_away(Some(stream));
+        // SAFETY: arguments forwarded unchanged.
+        unsafe { real(stream) }
+    })
+}
+
+/// `cuStreamDestroy(CUstream hStream)`, the variant before CUDA 4.0.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamDestroy(stream: CuHandle) -> CuResult {
+    cuda_call("cuStreamDestroy", || {
+        // SAFETY: the slot holds the real cuStreamDestroy.
+        let Some(real) = real::get::<sig::StreamDestroyV1>() else {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        };
+        going_away(Some(stream));
+        // SAFETY: arguments forwarded unchanged.
+        unsafe { real(stream) }
+    })
+}
+
+/// `cuCtxDestroy_v2(CUcontext ctx)`: its streams go with it.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CuHandle) -> CuResult {
+    cuda_call("cuCtxDestroy_v2", || {
+        // SAFETY: the slot holds the real cuCtxDestroy_v2.
+        let Some(real) = real::get::<sig::CtxDestroy>() else {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        };
+        going_away(None);
+        // SAFETY: arguments forwarded unchanged.
+        unsafe { real(ctx) }
+    })
+}
+
+/// `cuDevicePrimaryCtxReset_v2(CUdevice dev)` (`cudaDeviceReset`): its streams go with it.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> CuResult {
+    cuda_call("cuDevicePrimaryCtxReset_v2", || {
+        // SAFETY: the slot holds the real cuDevicePrimaryCtxReset_v2.
+        let Some(real) = real::get::<sig::PrimaryCtxReset>() else {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        };
+        going_away(None);
+        // SAFETY: arguments forwarded unchanged.
+        unsafe { real(device) }
+    })
+}
+
+/// `cuDevicePrimaryCtxReset(CUdevice dev)`, the variant before CUDA 11.0.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset(device: c_int) -> CuResult {
+    cuda_call("cuDevicePrimaryCtxReset", || {
+        // SAFETY: the slot holds the real cuDevicePrimaryCtxReset.
+        let Some(real) = real::get::<sig::PrimaryCtxResetV1>() else {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        };
+        going_away(None);
+        // SAFETY: arguments forwarded unchanged.
+        unsafe { real(device) }
     })
 }

@@ -81,7 +81,7 @@ const NEWEST: i32 = i32::MAX;
 /// Every hook. Versions: `cudaTypedefs.h` (`PFN_cuMemAlloc_v3020`, `PFN_cuStreamBeginCapture_v10010`,
 /// `PFN_cuGetProcAddress_v12000`, `PFN_cuMemHostAlloc_v2020`, `PFN_cuMemAllocHost_v3020`,
 /// `PFN_cuMemFreeHost_v2000`, ...).
-pub static HOOKS: [Hook; 30] = [
+pub static HOOKS: [Hook; 35] = [
     Hook {
         slot: Slot::MemAlloc,
         query: q(b"cuMemAlloc\0", 3020, NEWEST, Any),
@@ -232,6 +232,31 @@ pub static HOOKS: [Hook; 30] = [
         slot: Slot::GreenCtxStreamCreate,
         query: q(b"cuGreenCtxStreamCreate\0", 12050, NEWEST, Any),
         replacement: addr!(streams::cuGreenCtxStreamCreate),
+    },
+    Hook {
+        slot: Slot::StreamDestroyV1,
+        query: q(b"cuStreamDestroy\0", 2000, 4000, Any),
+        replacement: addr!(streams::cuStreamDestroy),
+    },
+    Hook {
+        slot: Slot::StreamDestroy,
+        query: q(b"cuStreamDestroy\0", 4000, NEWEST, Any),
+        replacement: addr!(streams::cuStreamDestroy_v2),
+    },
+    Hook {
+        slot: Slot::CtxDestroy,
+        query: q(b"cuCtxDestroy\0", 4000, NEWEST, Any),
+        replacement: addr!(streams::cuCtxDestroy_v2),
+    },
+    Hook {
+        slot: Slot::PrimaryCtxResetV1,
+        query: q(b"cuDevicePrimaryCtxReset\0", 7000, 11000, Any),
+        replacement: addr!(streams::cuDevicePrimaryCtxReset),
+    },
+    Hook {
+        slot: Slot::PrimaryCtxReset,
+        query: q(b"cuDevicePrimaryCtxReset\0", 11000, NEWEST, Any),
+        replacement: addr!(streams::cuDevicePrimaryCtxReset_v2),
     },
 ];
 

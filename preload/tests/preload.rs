@@ -41,6 +41,11 @@ const HOOKED: &[&str] = &[
     "cuStreamCreate",
     "cuStreamCreateWithPriority",
     "cuGreenCtxStreamCreate",
+    "cuStreamDestroy",
+    "cuStreamDestroy_v2",
+    "cuCtxDestroy_v2",
+    "cuDevicePrimaryCtxReset",
+    "cuDevicePrimaryCtxReset_v2",
 ];
 
 fn tool_output(tool: &str, args: &[&str]) -> String {
@@ -275,23 +280,46 @@ fn legacy_order_reuses_at_once_until_a_stream_is_created() {
 
 /// Note [device waits]: under the preload (`fence_waits:auto`), with every fence held in
 /// flight, a block freed without a stream comes back at once behind a legacy-stream wait,
-/// also once a blocking stream exists; the first non-blocking stream ends that after one
-/// wait for queued work. With `fence_waits:host` no legacy-stream wait is ever made.
+/// also once a blocking stream exists; a live non-blocking stream waits at its creation
+/// and at every device wait, a destroyed one no more; the 65th live one ends device waits
+/// after one wait for queued work. With `fence_waits:host` no stream wait is ever made.
 #[test]
-fn device_waits_reuse_at_once_until_a_non_blocking_stream_is_created() {
+fn device_waits_make_non_blocking_streams_wait_too_and_end_past_their_bound() {
     let held = ("FAKE_CUDA_EVENT_LATENCY", "1000000");
     for reach in ALL_REACHES {
         let exe = support::driver_program(reach);
         let on = run_ok(&exe, &["device-waits"], true, &[held]);
         assert_eq!(on.num("before.same_block"), 50, "{reach:?}");
         assert!(on.num("before.legacy_waits") >= 49, "{reach:?}");
+        assert_eq!(on.num("before.other_waits"), 0, "{reach:?}");
         assert_eq!(on.num("blocking.same_block"), 50, "{reach:?}");
         assert!(on.num("blocking.legacy_waits") >= 50, "{reach:?}");
+        assert_eq!(
+            on.num("blocking.other_waits"),
+            0,
+            "{reach:?}: a blocking stream"
+        );
+        // Created while drained blocks may be in use: it waits for them, the program not.
+        assert_eq!(on.num("at_non_blocking.other_waits"), 1, "{reach:?}");
+        assert_eq!(on.num("at_non_blocking.host_waits"), 0, "{reach:?}");
+        // Listed: every device wait makes it wait too, and reuse stays at once.
+        assert_eq!(on.num("listed.same_block"), 20, "{reach:?}");
+        let legacy = on.num("listed.legacy_waits");
+        assert!(legacy >= 20, "{reach:?}: {legacy}");
+        assert_eq!(on.num("listed.other_waits"), legacy, "{reach:?}");
+        // Destroyed: no longer named.
+        assert_eq!(on.num("destroyed.same_block"), 20, "{reach:?}");
+        assert!(on.num("destroyed.legacy_waits") >= 20, "{reach:?}");
+        assert_eq!(on.num("destroyed.other_waits"), 0, "{reach:?}");
+        // 65 non-blocking streams: 64 listed (each waits once), the 65th ends the mode with
+        // a wait of the program for queued work; no device wait follows.
+        assert_eq!(on.num("many.other_waits"), 64, "{reach:?}");
         assert!(
-            on.num("at_non_blocking.waits") >= 1,
+            on.num("many.host_waits") >= 1,
             "{reach:?}: the wait at the end"
         );
         assert_eq!(on.num("after.legacy_waits"), 0, "{reach:?}");
+        assert_eq!(on.num("after.other_waits"), 0, "{reach:?}");
         assert!(
             on.num("after.fences") > 0,
             "{reach:?}: frees fenced on the host again"
@@ -305,6 +333,8 @@ fn device_waits_reuse_at_once_until_a_non_blocking_stream_is_created() {
         );
         assert_eq!(host.num("before.legacy_waits"), 0, "{reach:?}");
         assert_eq!(host.num("blocking.legacy_waits"), 0, "{reach:?}");
+        assert_eq!(host.num("at_non_blocking.other_waits"), 0, "{reach:?}");
+        assert_eq!(host.num("listed.other_waits"), 0, "{reach:?}");
         assert!(
             host.num("before.same_block") < 50,
             "{reach:?}: fenced on the host"

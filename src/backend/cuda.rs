@@ -482,6 +482,20 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn stream_wait(
+        &self,
+        ctx: ContextId,
+        stream: StreamHandle,
+        event: EventHandle,
+    ) -> BackendResult<()> {
+        let wait = required(self.api.stream_wait_event)?;
+        self.with_context(ctx, || {
+            // SAFETY: an event this backend recorded; the caller keeps the stream alive
+            // (Note [device waits]: it is destroyed only outside a pass's waits).
+            check(unsafe { wait(stream as CUstream, event.0 as usize as CUevent, 0) })
+        })
+    }
+
     fn captures_reported_by_caller(&self) {
         self.captures_reported.store(true, Ordering::Relaxed);
     }

@@ -81,6 +81,8 @@ struct State {
     pub fences_recorded: u64,
     /// Waits of a legacy stream for an event (`legacy_stream_wait`).
     pub device_waits: u64,
+    /// Waits of other streams for an event (`stream_wait`).
+    pub stream_waits: u64,
     /// Completion queries answered, per context.
     queries: HashMap<u64, u64>,
     fail_next_alloc: Option<BackendError>,
@@ -130,6 +132,8 @@ pub struct HostCounters {
     pub fences_recorded: u64,
     /// Legacy-stream waits for events (`cuStreamWaitEvent`).
     pub device_waits: u64,
+    /// Waits of non-blocking streams for events (`cuStreamWaitEvent`).
+    pub stream_waits: u64,
     pub live_bytes: u64,
     /// Simulated VMM: reservations, physical handles and mappings alive now.
     pub vmm_ranges: u64,
@@ -194,6 +198,7 @@ impl HostBackend {
                 releases: 0,
                 fences_recorded: 0,
                 device_waits: 0,
+                stream_waits: 0,
                 queries: HashMap::new(),
                 fail_next_alloc: None,
                 fail_next_fence: None,
@@ -516,6 +521,24 @@ impl Backend for HostBackend {
             return Err(BackendError::InvalidValue);
         }
         s.device_waits += 1;
+        Ok(())
+    }
+
+    fn stream_wait(
+        &self,
+        ctx: ContextId,
+        _stream: StreamHandle,
+        event: EventHandle,
+    ) -> BackendResult<()> {
+        // Checked and counted, as the legacy-stream wait above.
+        let mut s = self.state.lock();
+        if s.capturing.contains(&ctx.0) {
+            return Err(BackendError::Capturing);
+        }
+        if event.0 & DONE_EVENT == 0 && !s.events.contains_key(&event.0) {
+            return Err(BackendError::InvalidValue);
+        }
+        s.stream_waits += 1;
         Ok(())
     }
 

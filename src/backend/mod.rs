@@ -245,6 +245,18 @@ pub trait Backend: Send + Sync + 'static {
         Err(BackendError::Unavailable)
     }
 
+    /// Makes `stream` (a non-blocking stream, which a legacy-stream wait does not order)
+    /// wait for `event` (`cuStreamWaitEvent`): everything queued on it afterwards runs after
+    /// the event has completed. Returns at once. Never asked during a capture.
+    fn stream_wait(
+        &self,
+        _ctx: ContextId,
+        _stream: StreamHandle,
+        _event: EventHandle,
+    ) -> BackendResult<()> {
+        Err(BackendError::Unavailable)
+    }
+
     /// The caller sees every stream capture of the process begin and end (the interposer
     /// hooks them) and never asks for a fence during one: a backend that probes the driver
     /// for captures before each fence may stop doing so.

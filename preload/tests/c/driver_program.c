@@ -238,31 +238,65 @@ static void scenario_legacy_order(void)
 /*
  * Device waits (Note [device waits]): with every fence held in flight
  * (FAKE_CUDA_EVENT_LATENCY), a 64 MiB block freed and allocated again comes back at once
- * behind a wait of the legacy stream; a blocking stream leaves that on; the first
- * non-blocking stream ends it with one wait for queued work, and no legacy wait follows.
+ * behind a wait of the legacy stream; a blocking stream leaves that as it is; a
+ * non-blocking stream waits once when created (no wait of the program) and then at every
+ * device wait, until it is destroyed; past 64 live non-blocking streams the mode ends with
+ * one wait for queued work, and no device wait follows.
  */
+static unsigned long long other_waits(const struct fake_cuda_counters *a,
+                                      const struct fake_cuda_counters *b)
+{
+    return (b->stream_wait_event - b->stream_wait_event_legacy) -
+           (a->stream_wait_event - a->stream_wait_event_legacy);
+}
+
 static void scenario_device_waits(void)
 {
-    struct fake_cuda_counters c0, c1, c2, c3, c4;
+    enum { MANY = 65 };
+    struct fake_cuda_counters c0, c1, c2, c3, c4, c5, c6, c7;
     fake_counters(&c0);
     int before = same_block_pairs(50, 64 * MIB);
     fake_counters(&c1);
-    CUhandle blocking = NULL, non_blocking = NULL;
+    CUhandle blocking = NULL, non_blocking = NULL, many[MANY];
     CHECK(drv.cuStreamCreate(&blocking, 0));
     int blocking_same = same_block_pairs(50, 64 * MIB);
     fake_counters(&c2);
     CHECK(drv.cuStreamCreate(&non_blocking, 1 /* CU_STREAM_NON_BLOCKING */));
     fake_counters(&c3);
-    same_block_pairs(5, 64 * MIB);
+    int listed_same = same_block_pairs(20, 64 * MIB);
     fake_counters(&c4);
-    printf("before.same_block=%d\nbefore.legacy_waits=%llu\n", before,
-           (unsigned long long)(c1.stream_wait_event_legacy - c0.stream_wait_event_legacy));
-    printf("blocking.same_block=%d\nblocking.legacy_waits=%llu\n", blocking_same,
-           (unsigned long long)(c2.stream_wait_event_legacy - c1.stream_wait_event_legacy));
-    printf("at_non_blocking.waits=%llu\n", (unsigned long long)(c3.event_sync - c2.event_sync));
-    printf("after.legacy_waits=%llu\nafter.fences=%llu\n",
+    CHECK(drv.cuStreamDestroy_v2(non_blocking));
+    int destroyed_same = same_block_pairs(20, 64 * MIB);
+    fake_counters(&c5);
+    for (int i = 0; i < MANY; i++)
+        CHECK(drv.cuStreamCreate(&many[i], 1 /* CU_STREAM_NON_BLOCKING */));
+    fake_counters(&c6);
+    same_block_pairs(5, 64 * MIB);
+    fake_counters(&c7);
+    for (int i = 0; i < MANY; i++)
+        CHECK(drv.cuStreamDestroy_v2(many[i]));
+    printf("before.same_block=%d\nbefore.legacy_waits=%llu\nbefore.other_waits=%llu\n", before,
+           (unsigned long long)(c1.stream_wait_event_legacy - c0.stream_wait_event_legacy),
+           other_waits(&c0, &c1));
+    printf("blocking.same_block=%d\nblocking.legacy_waits=%llu\nblocking.other_waits=%llu\n",
+           blocking_same,
+           (unsigned long long)(c2.stream_wait_event_legacy - c1.stream_wait_event_legacy),
+           other_waits(&c1, &c2));
+    printf("at_non_blocking.other_waits=%llu\nat_non_blocking.host_waits=%llu\n",
+           other_waits(&c2, &c3), (unsigned long long)(c3.event_sync - c2.event_sync));
+    printf("listed.same_block=%d\nlisted.legacy_waits=%llu\nlisted.other_waits=%llu\n",
+           listed_same,
            (unsigned long long)(c4.stream_wait_event_legacy - c3.stream_wait_event_legacy),
-           (unsigned long long)(c4.ctx_record_event - c3.ctx_record_event));
+           other_waits(&c3, &c4));
+    printf("destroyed.same_block=%d\ndestroyed.legacy_waits=%llu\ndestroyed.other_waits=%llu\n",
+           destroyed_same,
+           (unsigned long long)(c5.stream_wait_event_legacy - c4.stream_wait_event_legacy),
+           other_waits(&c4, &c5));
+    printf("many.other_waits=%llu\nmany.host_waits=%llu\n", other_waits(&c5, &c6),
+           (unsigned long long)(c6.event_sync - c5.event_sync));
+    printf("after.legacy_waits=%llu\nafter.other_waits=%llu\nafter.fences=%llu\n",
+           (unsigned long long)(c7.stream_wait_event_legacy - c6.stream_wait_event_legacy),
+           other_waits(&c6, &c7), (unsigned long long)(c7.ctx_record_event - c6.ctx_record_event));
 }
 
 /*

@@ -118,6 +118,7 @@ impl HostBackend {
             releases: s.releases,
             fences_recorded: s.fences_recorded + self.done_fences.load(Ordering::Relaxed),
             device_waits: s.device_waits,
+            stream_waits: s.stream_waits,
             live_bytes: s.live_bytes.iter().sum(),
             vmm_ranges: s.vmm.ranges.len() as u64,
             vmm_handles: s.vmm.handles.len() as u64,

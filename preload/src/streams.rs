@@ -22,7 +22,7 @@ use crate::cuda::*;
 use crate::guard::cuda_call;
 use crate::lifecycle;
 use crate::real;
-use crate::slots::sig;
+use crate::slots::{sig, RealFn};
 use core::ffi::{c_int, c_uint};
 
 /// `CU_STREAM_NON_BLOCKING`: work on the stream is not ordered with the legacy stream.
@@ -62,16 +62,27 @@ unsafe fn stream_made(listed: bool, stream: *mut CuHandle, rc: CuResult) -> CuRe
     rc
 }
 
-/// A stream or context is about to go (`handle`: a stream, or `None` for a context):
-/// the device waits' list forgets it first (not in a fork child, nor at exit).
-fn going_away(stream: Option<CuHandle>) {
-    if lifecycle::pass_through() || lifecycle::exiting() {
-        return;
-    }
-    match stream {
-        Some(s) => cupool::pool::device_waits::stream_destroyed(s as usize),
-        None => cupool::pool::device_waits::context_going_away(),
-    }
+/// The body of a hook on a call that ends a stream's or a context's life (`stream`: the
+/// stream, or `None` for a context, whose streams go with it): the device waits' list
+/// forgets it first (not in a fork child, nor at exit), then the real call runs with the
+/// same argument.
+fn going_away<S, A>(hook: &'static str, arg: A, stream: Option<CuHandle>) -> CuResult
+where
+    S: RealFn<Fn = unsafe extern "C" fn(A) -> CuResult>,
+{
+    cuda_call(hook, || {
+        let Some(real) = real::get::<S>() else {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        };
+        if !lifecycle::pass_through() && !lifecycle::exiting() {
+            match stream {
+                Some(s) => cupool::pool::device_waits::stream_destroyed(s as usize),
+                None => cupool::pool::device_waits::context_going_away(),
+            }
+        }
+        // SAFETY: the slot holds `hook`'s real function; the argument forwarded unchanged.
+        unsafe { real(arg) }
+    })
 }
 
 /// `cuStreamCreate(CUstream *phStream, unsigned int Flags)`.
@@ -138,69 +149,29 @@ pub unsafe extern "C" fn cuGreenCtxStreamCreate(
 /// `cuStreamDestroy_v2(CUstream hStream)`.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamDestroy_v2(stream: CuHandle) -> CuResult {
-    cuda_call("cuStreamDestroy_v2", || {
-        // SAFETY: the slot holds the real cuStreamDestroy_v2.
-        let Some(real) = real::get::<sig::StreamDestroy>() else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        going_away(Some(stream));
-        // SAFETY: arguments forwarded unchanged.
-        unsafe { real(stream) }
-    })
+    going_away::<sig::StreamDestroy, _>("cuStreamDestroy_v2", stream, Some(stream))
 }
 
 /// `cuStreamDestroy(CUstream hStream)`, the variant before CUDA 4.0.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamDestroy(stream: CuHandle) -> CuResult {
-    cuda_call("cuStreamDestroy", || {
-        // SAFETY: the slot holds the real cuStreamDestroy.
-        let Some(real) = real::get::<sig::StreamDestroyV1>() else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        going_away(Some(stream));
-        // SAFETY: arguments forwarded unchanged.
-        unsafe { real(stream) }
-    })
+    going_away::<sig::StreamDestroyV1, _>("cuStreamDestroy", stream, Some(stream))
 }
 
 /// `cuCtxDestroy_v2(CUcontext ctx)`: its streams go with it.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CuHandle) -> CuResult {
-    cuda_call("cuCtxDestroy_v2", || {
-        // SAFETY: the slot holds the real cuCtxDestroy_v2.
-        let Some(real) = real::get::<sig::CtxDestroy>() else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        going_away(None);
-        // SAFETY: arguments forwarded unchanged.
-        unsafe { real(ctx) }
-    })
+    going_away::<sig::CtxDestroy, _>("cuCtxDestroy_v2", ctx, None)
 }
 
 /// `cuDevicePrimaryCtxReset_v2(CUdevice dev)` (`cudaDeviceReset`): its streams go with it.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> CuResult {
-    cuda_call("cuDevicePrimaryCtxReset_v2", || {
-        // SAFETY: the slot holds the real cuDevicePrimaryCtxReset_v2.
-        let Some(real) = real::get::<sig::PrimaryCtxReset>() else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        going_away(None);
-        // SAFETY: arguments forwarded unchanged.
-        unsafe { real(device) }
-    })
+    going_away::<sig::PrimaryCtxReset, _>("cuDevicePrimaryCtxReset_v2", device, None)
 }
 
 /// `cuDevicePrimaryCtxReset(CUdevice dev)`, the variant before CUDA 11.0.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset(device: c_int) -> CuResult {
-    cuda_call("cuDevicePrimaryCtxReset", || {
-        // SAFETY: the slot holds the real cuDevicePrimaryCtxReset.
-        let Some(real) = real::get::<sig::PrimaryCtxResetV1>() else {
-            return CUDA_ERROR_NOT_INITIALIZED;
-        };
-        going_away(None);
-        // SAFETY: arguments forwarded unchanged.
-        unsafe { real(device) }
-    })
+    going_away::<sig::PrimaryCtxResetV1, _>("cuDevicePrimaryCtxReset", device, None)
 }

@@ -474,12 +474,8 @@ impl Backend for CudaBackend {
     }
 
     fn legacy_stream_wait(&self, ctx: ContextId, event: EventHandle) -> BackendResult<()> {
-        let wait = required(self.api.stream_wait_event)?;
-        self.with_context(ctx, || {
-            // SAFETY: an event this backend recorded; the legacy stream handle is valid in
-            // every context.
-            check(unsafe { wait(STREAM_LEGACY as CUstream, event.0 as usize as CUevent, 0) })
-        })
+        // The legacy stream handle is valid in every context.
+        self.stream_wait(ctx, STREAM_LEGACY as StreamHandle, event)
     }
 
     fn stream_wait(
@@ -490,8 +486,9 @@ impl Backend for CudaBackend {
     ) -> BackendResult<()> {
         let wait = required(self.api.stream_wait_event)?;
         self.with_context(ctx, || {
-            // SAFETY: an event this backend recorded; the caller keeps the stream alive
-            // (Note [device waits]: it is destroyed only outside a pass's waits).
+            // SAFETY: an event this backend recorded; the stream is the legacy one or one
+            // the caller keeps alive (Note [device waits]: it is destroyed only outside a
+            // pass's waits).
             check(unsafe { wait(stream as CUstream, event.0 as usize as CUevent, 0) })
         })
     }

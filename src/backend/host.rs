@@ -173,6 +173,26 @@ impl Default for HostBackend {
 }
 
 impl HostBackend {
+    /// A stream's wait for `event`. The simulated device runs each context's work in
+    /// record order, so a wait adds no order the simulation lacks: it is checked (no
+    /// capture in progress, an event this backend recorded) and counted in `counter`.
+    fn count_stream_wait(
+        &self,
+        ctx: ContextId,
+        event: EventHandle,
+        counter: fn(&mut State) -> &mut u64,
+    ) -> BackendResult<()> {
+        let mut s = self.state.lock();
+        if s.capturing.contains(&ctx.0) {
+            return Err(BackendError::Capturing);
+        }
+        if event.0 & DONE_EVENT == 0 && !s.events.contains_key(&event.0) {
+            return Err(BackendError::InvalidValue);
+        }
+        *counter(&mut s) += 1;
+        Ok(())
+    }
+
     pub fn new() -> Self {
         HostBackend {
             special: AtomicUsize::new(0),
@@ -511,17 +531,7 @@ impl Backend for HostBackend {
     }
 
     fn legacy_stream_wait(&self, ctx: ContextId, event: EventHandle) -> BackendResult<()> {
-        // The simulated device runs each context's work in record order, so a wait adds no
-        // order the simulation lacks: it is checked and counted.
-        let mut s = self.state.lock();
-        if s.capturing.contains(&ctx.0) {
-            return Err(BackendError::Capturing);
-        }
-        if event.0 & DONE_EVENT == 0 && !s.events.contains_key(&event.0) {
-            return Err(BackendError::InvalidValue);
-        }
-        s.device_waits += 1;
-        Ok(())
+        self.count_stream_wait(ctx, event, |s| &mut s.device_waits)
     }
 
     fn stream_wait(
@@ -530,16 +540,7 @@ impl Backend for HostBackend {
         _stream: StreamHandle,
         event: EventHandle,
     ) -> BackendResult<()> {
-        // Checked and counted, as the legacy-stream wait above.
-        let mut s = self.state.lock();
-        if s.capturing.contains(&ctx.0) {
-            return Err(BackendError::Capturing);
-        }
-        if event.0 & DONE_EVENT == 0 && !s.events.contains_key(&event.0) {
-            return Err(BackendError::InvalidValue);
-        }
-        s.stream_waits += 1;
-        Ok(())
+        self.count_stream_wait(ctx, event, |s| &mut s.stream_waits)
     }
 
     fn event_completed(&self, _ctx: ContextId, event: EventHandle) -> BackendResult<bool> {

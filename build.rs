@@ -10,10 +10,11 @@ use std::path::{Path, PathBuf};
 /// The files that declare everything the header shows: the exports, the status enum and
 /// the stats struct. Parsing only these (not the whole crate) keeps unrelated `pub const`s
 /// of the pool out of the public header.
-const HEADER_SOURCES: [&str; 10] = [
+const HEADER_SOURCES: [&str; 11] = [
     "src/ffi.rs",
     "src/ffi/capture.rs",
     "src/ffi/cupy.rs",
+    "src/ffi/cupy_objects.rs",
     "src/ffi/device.rs",
     "src/ffi/ipc.rs",
     "src/ffi/pinned.rs",

@@ -1,5 +1,6 @@
-"""`cupy.empty` + `del` per pair under CuPy's own memory pool and under cupool's two CuPy
-allocators (compiled: CuPy's CFunctionAllocator over the library; python: the fallback),
+"""`cupy.empty` + `del` per pair under CuPy's own memory pool and under cupool's three CuPy
+allocators (direct: the library builds CuPy's objects itself; compiled: CuPy's
+CFunctionAllocator over the library; python: the fallback),
 switched round by round inside ONE process, so that the process-to-process spread of the
 Python interpreter (±50% between fresh processes on the H100 hosts, docs/BENCHMARKS.md)
 does not decide the comparison.
@@ -7,8 +8,9 @@ does not decide the comparison.
   CUPOOL_LIBRARY=.../libcupool.so PYTHONPATH=python python3 gpu/cupy_ops_ab.py [--rounds R]
 
 Each round times 2000 pairs per size in two loop shapes (each size alone; the sizes
-shuffled), for every allocator in turn; the report gives medians over rounds (ns per pair)
-and each cupool allocator's ratio to CuPy's pool.
+shuffled), for every allocator in turn, through `cupy.empty` and through the allocator
+alone (`alloc` rows: `allocator(size)` + `del`); the report gives medians over rounds (ns
+per pair) and each cupool allocator's ratio to CuPy's pool.
 """
 import argparse
 import random
@@ -38,16 +40,25 @@ def time_loop(order):
     return (time.perf_counter_ns() - start) / len(order)
 
 
+def time_alloc(fn, order):
+    start = time.perf_counter_ns()
+    for s in order:
+        x = fn(s)
+        del x
+    return (time.perf_counter_ns() - start) / len(order)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     pool = cupy.cuda.MemoryPool()
     cc.enable()
-    assert cc.mode() == "compiled", cc.mode()
-    compiled = cupy.cuda.get_allocator()
-    allocators = {"cupy pool": pool.malloc, "cupool compiled": compiled,
-                  "cupool python": cc.allocate}
+    assert cc.mode() == "direct", cc.mode()
+    direct = cupy.cuda.get_allocator()
+    compiled = cc._compiled_state[2][0].malloc
+    allocators = {"cupy pool": pool.malloc, "cupool direct": direct,
+                  "cupool compiled": compiled, "cupool python": cc.allocate}
     results = {}
     for r in range(args.rounds):
         for name, fn in allocators.items():
@@ -58,6 +69,8 @@ def main():
                 for order in orders:
                     key = (name, shape, order[0] if shape == "each" else "mixed")
                     results.setdefault(key, []).append(time_loop(order))
+                    key = (name, "alloc " + shape, key[2])
+                    results.setdefault(key, []).append(time_alloc(fn, order))
     cupy.cuda.runtime.deviceSynchronize()
     print(f"{'allocator':16s} {'shape':9s} {'size':>9s} {'ns/pair':>8s} {'vs pool':>8s}")
     for (name, shape, size), v in sorted(results.items(), key=lambda kv: (kv[0][1], str(kv[0][2]), kv[0][0])):

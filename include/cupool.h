@@ -221,6 +221,90 @@ typedef struct {
 } cupool_stats;
 
 /**
+ * The `param` of `cupool_cupy_malloc` and `cupool_cupy_free` (CuPy passes it as
+ * `void *`); the caller keeps it alive as long as the allocator.
+ */
+typedef struct {
+  /**
+   * The caller's current stream (`cudaStream_t` as an integer): CuPy's
+   * `get_current_stream_ptr`. NULL: every allocation fails (how `enable()` checks that
+   * CuPy raises what is set).
+   */
+  ptrdiff_t (*current_stream)(void);
+  /**
+   * `PyErr_SetString`, to report a failure.
+   */
+  void (*set_error)(void*, const char*);
+  /**
+   * The exception type raised when the pool is out of memory (a subclass of CuPy's
+   * `OutOfMemoryError` taking a message).
+   */
+  void *out_of_memory_type;
+  /**
+   * The exception type raised for any other failure.
+   */
+  void *error_type;
+} cupool_cupy_hooks;
+
+/**
+ * What [`cupool_cupy_alloc`] needs, filled by `cupool.cupy.enable()` after it has checked
+ * the layout (Note [CuPy's objects built in place]); kept alive by the caller while
+ * installed.
+ */
+typedef struct {
+  /**
+   * Stream source and error reporting (as for `cupool_cupy_malloc`); also the `_param`
+   * each memory object carries.
+   */
+  const cupool_cupy_hooks *hooks;
+  /**
+   * CuPy's `get_device_id` (`int (int skip_dispatch)`): -1 with an exception set on
+   * failure.
+   */
+  int (*device_id)(int);
+  /**
+   * `PyLong_AsSize_t`.
+   */
+  size_t (*as_size)(void*);
+  /**
+   * `PyErr_Occurred`.
+   */
+  void *(*error_occurred)(void);
+  /**
+   * `Py_DecRef`.
+   */
+  void (*dec_ref)(void*);
+  /**
+   * An empty tuple: the arguments of both `tp_new` calls.
+   */
+  void *no_args;
+  /**
+   * `CFunctionAllocatorMemory` and its `tp_new(type, args, kwargs)`.
+   */
+  void *memory_type;
+  void *(*memory_new)(void*, void*, void*);
+  /**
+   * Byte offsets of its `ptr`, `size`, `device_id` (a C `int`), `_param`, `_free_func`.
+   */
+  size_t memory_ptr;
+  size_t memory_size;
+  size_t memory_device;
+  size_t memory_param;
+  size_t memory_free;
+  /**
+   * `MemoryPointer` and its `tp_new`.
+   */
+  void *pointer_type;
+  void *(*pointer_new)(void*, void*, void*);
+  /**
+   * Byte offsets of its `ptr`, `device_id` (a C `int`) and `mem` (a reference).
+   */
+  size_t pointer_ptr;
+  size_t pointer_device;
+  size_t pointer_mem;
+} cupool_cupy_objects;
+
+/**
  * An IPC handle: 64 bytes, laid out as CUDA's `cudaIpcMemHandle_t` / `CUipcMemHandle`, so
  * that it can travel wherever those do.
  */
@@ -309,32 +393,6 @@ typedef struct {
    */
   uint64_t fence_queries;
 } cupool_host_stats;
-
-/**
- * The `param` of `cupool_cupy_malloc` and `cupool_cupy_free` (CuPy passes it as
- * `void *`); the caller keeps it alive as long as the allocator.
- */
-typedef struct {
-  /**
-   * The caller's current stream (`cudaStream_t` as an integer): CuPy's
-   * `get_current_stream_ptr`. NULL: every allocation fails (how `enable()` checks that
-   * CuPy raises what is set).
-   */
-  ptrdiff_t (*current_stream)(void);
-  /**
-   * `PyErr_SetString`, to report a failure.
-   */
-  void (*set_error)(void*, const char*);
-  /**
-   * The exception type raised when the pool is out of memory (a subclass of CuPy's
-   * `OutOfMemoryError` taking a message).
-   */
-  void *out_of_memory_type;
-  /**
-   * The exception type raised for any other failure.
-   */
-  void *error_type;
-} cupool_cupy_hooks;
 
 #ifdef __cplusplus
 extern "C" {
@@ -603,6 +661,28 @@ void *cupool_cupy_malloc(void *param, size_t size, int device);
  * Any `ptr` value may be passed (it is looked up, never dereferenced).
  */
 void cupool_cupy_free(void *param, void *ptr, int device);
+
+/**
+ * Installs `objects` for [`cupool_cupy_alloc`] (NULL uninstalls). Every function must be
+ * there and every offset past the object header (16 bytes) and word-aligned, else
+ * `CUPOOL_ERROR_INVALID_VALUE` and nothing changes.
+ *
+ * # Safety
+ * `objects` is NULL or valid, with the layout checked as Note [CuPy's objects built in
+ * place] says, and stays alive while installed.
+ */
+cupool_status cupool_cupy_objects_install(const cupool_cupy_objects *objects);
+
+/**
+ * CuPy's allocator, as a CPython `METH_O` function (`self` unused, `size` a Python int):
+ * a `MemoryPointer` to `size` bytes of pool memory on CuPy's current device, in stream
+ * order on its current stream; NULL with a Python exception set on failure (out of
+ * memory: CuPy's `OutOfMemoryError`, as `cupool_cupy_malloc` raises it).
+ *
+ * # Safety
+ * Called by CPython with the GIL held, after [`cupool_cupy_objects_install`].
+ */
+void *cupool_cupy_alloc(void *_self, void *size);
 
 /**
  * Allocates `size` bytes in stream order on `stream` for device `device` (an ordinal, not

@@ -14,6 +14,7 @@
 mod boundary;
 pub mod capture;
 pub mod cupy;
+pub mod cupy_objects;
 pub mod device;
 pub mod ipc;
 pub mod pinned;

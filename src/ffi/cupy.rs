@@ -25,7 +25,7 @@ use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// What CuPy's allocation returns on failure, with a Python exception set.
-const FAILED: *mut c_void = usize::MAX as *mut c_void;
+pub(super) const FAILED: *mut c_void = usize::MAX as *mut c_void;
 
 /// The `param` of `cupool_cupy_malloc` and `cupool_cupy_free` (CuPy passes it as
 /// `void *`); the caller keeps it alive as long as the allocator.
@@ -78,53 +78,68 @@ pub unsafe extern "C" fn cupool_cupy_malloc(
     // SAFETY: the caller's contract.
     let hooks = unsafe { &*(param as *const CupoolCupyHooks) };
     catch_unwind(AssertUnwindSafe(|| {
-        let Some(current_stream) = hooks.current_stream else {
-            let message = "cupool: no current-stream source for CuPy";
-            // SAFETY: GIL held (the caller's contract).
-            unsafe { raise(hooks, hooks.error_type, message) };
-            return FAILED;
-        };
-        // SAFETY: CuPy's own function, called with the GIL held.
-        let stream = unsafe { current_stream() } as usize as *mut CUstream_st;
-        let mut ptr = core::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the stream is CuPy's current one.
-        let status = unsafe { cupool_alloc_async_device(&mut ptr, size, device, stream) };
-        match status {
-            CupoolOk => ptr,
-            CupoolErrorOutOfMemory => {
-                let (mut free, mut total, mut limit) = (0usize, 0usize, 0usize);
-                // SAFETY: valid out-pointers.
-                let _ = unsafe { cupool_mem_get_info(device, &mut free, &mut total) };
-                // SAFETY: a valid out-pointer.
-                let _ = unsafe { super::cupool_get_memory_limit(device, &mut limit) };
-                let limit = match limit {
-                    0 => String::new(),
-                    l => format!(", memory_limit {l} bytes"),
-                };
-                let message = format!(
-                    "Out of memory allocating {size} bytes on device {device} (cupool: \
-                     {free} bytes free of {total}{limit}; after releasing its idle cache and \
-                     retrying)"
-                );
-                // SAFETY: GIL held.
-                unsafe { raise(hooks, hooks.out_of_memory_type, &message) };
-                FAILED
-            }
-            other => {
-                let message = format!(
-                    "cupool: allocating {size} bytes on device {device} for CuPy: {}",
-                    other.as_str()
-                );
-                // SAFETY: GIL held.
-                unsafe { raise(hooks, hooks.error_type, &message) };
-                FAILED
-            }
-        }
+        // SAFETY: GIL held (the caller's contract).
+        unsafe { allocate_for_cupy(hooks, size, device) }
     }))
     .unwrap_or_else(|_| {
         crate::log::always("cupool: internal error: a panic was caught in CuPy's allocation");
         FAILED
     })
+}
+
+/// `size` bytes on `device` in stream order on CuPy's current stream, or [`FAILED`] with a
+/// Python exception set (out of memory: `hooks.out_of_memory_type`, after idle cached
+/// memory was released and the allocation retried).
+///
+/// # Safety
+/// GIL held; `hooks`' functions are CPython's and CuPy's.
+pub(super) unsafe fn allocate_for_cupy(
+    hooks: &CupoolCupyHooks,
+    size: usize,
+    device: c_int,
+) -> *mut c_void {
+    let Some(current_stream) = hooks.current_stream else {
+        let message = "cupool: no current-stream source for CuPy";
+        // SAFETY: GIL held (the caller's contract).
+        unsafe { raise(hooks, hooks.error_type, message) };
+        return FAILED;
+    };
+    // SAFETY: CuPy's own function, called with the GIL held.
+    let stream = unsafe { current_stream() } as usize as *mut CUstream_st;
+    let mut ptr = core::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the stream is CuPy's current one.
+    let status = unsafe { cupool_alloc_async_device(&mut ptr, size, device, stream) };
+    match status {
+        CupoolOk => ptr,
+        CupoolErrorOutOfMemory => {
+            let (mut free, mut total, mut limit) = (0usize, 0usize, 0usize);
+            // SAFETY: valid out-pointers.
+            let _ = unsafe { cupool_mem_get_info(device, &mut free, &mut total) };
+            // SAFETY: a valid out-pointer.
+            let _ = unsafe { super::cupool_get_memory_limit(device, &mut limit) };
+            let limit = match limit {
+                0 => String::new(),
+                l => format!(", memory_limit {l} bytes"),
+            };
+            let message = format!(
+                "Out of memory allocating {size} bytes on device {device} (cupool: \
+                 {free} bytes free of {total}{limit}; after releasing its idle cache and \
+                 retrying)"
+            );
+            // SAFETY: GIL held.
+            unsafe { raise(hooks, hooks.out_of_memory_type, &message) };
+            FAILED
+        }
+        other => {
+            let message = format!(
+                "cupool: allocating {size} bytes on device {device} for CuPy: {}",
+                other.as_str()
+            );
+            // SAFETY: GIL held.
+            unsafe { raise(hooks, hooks.error_type, &message) };
+            FAILED
+        }
+    }
 }
 
 /// CuPy's free hook: frees a block `cupool_cupy_malloc` returned, in stream order on the

@@ -8,7 +8,7 @@ does not decide the comparison.
   CUPOOL_LIBRARY=.../libcupool.so PYTHONPATH=python python3 gpu/cupy_ops_ab.py [--rounds R]
 
 Each round times 2000 pairs per size in two loop shapes (each size alone; the sizes
-shuffled), for every allocator in turn, through `cupy.empty` and through the allocator
+shuffled), for every allocator in turn (each round starting with the next one), through `cupy.empty` and through the allocator
 alone (`alloc` rows: `allocator(size)` + `del`); the report gives medians over rounds (ns
 per pair) and each cupool allocator's ratio to CuPy's pool.
 """
@@ -60,8 +60,12 @@ def main():
     allocators = {"cupy pool": pool.malloc, "cupool direct": direct,
                   "cupool compiled": compiled, "cupool python": cc.allocate}
     results = {}
+    names = list(allocators)
     for r in range(args.rounds):
-        for name, fn in allocators.items():
+        # Each round starts with another allocator, so none always runs right after another.
+        turn = names[r % len(names):] + names[:r % len(names)]
+        for name in turn:
+            fn = allocators[name]
             cupy.cuda.set_allocator(fn)
             for s in SIZES:  # warm: every size once
                 cupy.empty(s, dtype=cupy.uint8)

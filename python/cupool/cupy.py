@@ -133,6 +133,10 @@ _STREAM_FN_SIGNATURE = b"intptr_t (void)"
 _mode = None
 # What the compiled allocator refers to by address: kept alive while it is installed.
 _compiled_state: Any = None
+# Every direct allocator ever installed, with its method definition and the structures the
+# library reads: a builtin function object points into its method definition for as long as
+# it lives (CuPy, or the program, may still hold one after a later enable()).
+_direct_states: list = []
 
 
 class AllocationError(RuntimeError):
@@ -401,6 +405,7 @@ def enable() -> None:
             direct = _direct_allocator(cupy.cuda.memory, hooks, device_fn)
     if direct is not None:
         function, state = direct
+        _direct_states.append((function, state))
         _compiled_state = (function, state, compiled)
         cupy.cuda.set_allocator(function)
         _mode = "direct"

@@ -30,6 +30,11 @@ def address(fn):
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
+# Every direct allocator made here, with what it refers to, kept for the whole process: a
+# builtin function object points into its method definition for as long as it lives.
+_KEEP = []
+
+
 @pytest.fixture
 def direct():
     """The direct allocator over the host backend, CuPy's current stream and device stood
@@ -38,9 +43,8 @@ def direct():
     hooks = cc._Hooks(address(_STREAM_FN), set_error, id(OutOfMemory), id(cc.AllocationError))
     made = cc._direct_allocator(memory, hooks, address(_DEVICE_FN))
     assert made is not None, "the layout check or the round trip failed"
-    function, keep = made
-    yield function
-    del keep
+    _KEEP.append(made)
+    yield made[0]
     cupool._lib.lib().cupool_cupy_objects_install(None)
 
 

@@ -591,6 +591,35 @@ fn the_footprint_at_the_peak_outlives_the_peak() {
     cupool::config::set("vmm", "off").unwrap();
 }
 
+/// Note [footprint at peak]: a growth that leaves reserved bytes less than 1/64 above the
+/// kept footprint's does not walk the free lists again; one past that does.
+#[test]
+fn the_footprint_at_the_peak_is_taken_again_only_past_a_step() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = vmm_setup(true);
+    let pool = rt.context_pool(ctx).unwrap();
+    rt.reset_peak_stats(Some(0)).unwrap();
+    let peak = || rt.context_stats(ctx).unwrap().reserved_bytes.peak;
+    let big = rt.alloc(256 * MIB as usize).unwrap();
+    let first = pool.footprint_at_peak().expect("the pool grew");
+    assert_eq!(first.reserved, peak());
+    // A small block: a small segment, far less than 1/64 of 256 MiB.
+    let small = rt.alloc(4096).unwrap();
+    assert!(peak() > first.reserved, "the pool grew");
+    assert!(peak() <= first.reserved + first.reserved / 64);
+    assert_eq!(pool.footprint_at_peak(), Some(first), "not taken again");
+    // 64 MiB more: past the step, taken again at the new peak.
+    let more = rt.alloc(64 * MIB as usize).unwrap();
+    let again = pool.footprint_at_peak().unwrap();
+    assert_eq!(again.reserved, peak());
+    assert!(again.in_use >= 320 * MIB + 4096, "{again:?}");
+    for p in [big, small, more] {
+        rt.free(p).unwrap();
+    }
+    empty_and_check_nothing_left(rt, host, ctx);
+    cupool::config::set("vmm", "off").unwrap();
+}
+
 /// Note [wait before growing], in the arena: a buffer freed without a stream while the
 /// device is behind and allocated again a little larger (a KV cache grown step by step)
 /// waits for the fence of the old one, whose memory then moves to the new block, instead

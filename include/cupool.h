@@ -758,7 +758,8 @@ cupool_status cupool_segments_json(int device, char *buf, size_t buf_len, size_t
  * `arena_in_busy_chunks_bytes`, `arena_stealable_bytes`, `arena_idle_bytes`,
  * `segments_partly_free_bytes`, `segments_free_bytes`, `other_bytes`: in threads'
  * caches), which add up to `reserved_bytes`, and `segments_free` (a count). `at_peak` is
- * taken when a growth leaves the reserved bytes higher than ever, and is null until the
+ * taken when a growth leaves the reserved bytes more than 1/64 above the last one taken
+ * (so within 1.6% of the peak; its `reserved_bytes` says where), and is null until the
  * pool grows. The keys are those of `cupool replay`'s `at_peak`.
  *
  * Buffer rules as for `cupool_stats_json`.

@@ -117,6 +117,11 @@ def _bind() -> None:
     _alloc_fn, _free_fn = alloc, free
 
 
+def _address(fn: Any) -> int:
+    """The address of a ctypes function (a C function of a library, or a callback)."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
 class _Hooks(ctypes.Structure):
     """``cupool_cupy_hooks`` (include/cupool.h)."""
 
@@ -179,8 +184,7 @@ def _compiled_allocator() -> Any:
     free = getattr(lib, "cupool_cupy_free", None)
     if factory is None or not stream_fn or malloc is None or free is None:
         return None
-    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
-    set_error = address(ctypes.pythonapi.PyErr_SetString)
+    set_error = _address(ctypes.pythonapi.PyErr_SetString)
 
     class OutOfMemoryError(memory.OutOfMemoryError):
         """CuPy's out-of-memory error, with cupool's message."""
@@ -191,7 +195,7 @@ def _compiled_allocator() -> Any:
     # The check: a hooks struct without a stream source fails every allocation; CuPy must
     # raise the error the library sets, not hand out the pointer it returns then.
     check = _Hooks(None, set_error, id(_CheckError), id(_CheckError))
-    probe = factory(ctypes.addressof(check), address(malloc), address(free), check)
+    probe = factory(ctypes.addressof(check), _address(malloc), _address(free), check)
     try:
         probe.malloc(1)
     except _CheckError:
@@ -202,7 +206,7 @@ def _compiled_allocator() -> Any:
         return None
     hooks = _Hooks(stream_fn, set_error, id(OutOfMemoryError), id(AllocationError))
     owner = (hooks, OutOfMemoryError)
-    allocator = factory(ctypes.addressof(hooks), address(malloc), address(free), owner)
+    allocator = factory(ctypes.addressof(hooks), _address(malloc), _address(free), owner)
     return allocator, owner
 
 
@@ -293,13 +297,12 @@ def _objects_layout(memory: Any) -> dict | None:
     freed = []
     free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)(
         lambda param, ptr, device: freed.append(ptr))
-    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
     try:
-        mem = memory_cls(_SIZE_MARK, _PARAM_MARK, address(malloc), address(free), _DEVICE_MARK)
+        mem = memory_cls(_SIZE_MARK, _PARAM_MARK, _address(malloc), _address(free), _DEVICE_MARK)
         pointer = pointer_cls(mem, 0)
         layout_mem = _field_offsets(mem, memory_cls.__new__(memory_cls), {
             "ptr": (_PTR_MARK, 8), "size": (_SIZE_MARK, 8), "device": (_DEVICE_MARK, 4),
-            "param": (_PARAM_MARK, 8), "free": (address(free), 8)})
+            "param": (_PARAM_MARK, 8), "free": (_address(free), 8)})
         layout_pointer = _field_offsets(pointer, pointer_cls.__new__(pointer_cls), {
             "ptr": (_PTR_MARK, 8), "device": (_DEVICE_MARK, 4), "mem": (id(mem), 8)})
         del pointer, mem
@@ -334,17 +337,16 @@ def _direct_allocator(memory: Any, hooks: "_Hooks", device_fn: int) -> Any:
     if alloc is None or install is None or layout is None or not memory_new or not pointer_new:
         return None
     api = ctypes.pythonapi
-    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
     m, p = layout["memory"], layout["pointer"]
     objects = _Objects(
-        ctypes.addressof(hooks), device_fn, address(api.PyLong_AsSize_t),
-        address(api.PyErr_Occurred), address(api.Py_DecRef), id(_NO_ARGS),
+        ctypes.addressof(hooks), device_fn, _address(api.PyLong_AsSize_t),
+        _address(api.PyErr_Occurred), _address(api.Py_DecRef), id(_NO_ARGS),
         id(memory.CFunctionAllocatorMemory), memory_new,
         m["ptr"], m["size"], m["device"], m["param"], m["free"],
         id(memory.MemoryPointer), pointer_new, p["ptr"], p["device"], p["mem"])
     install.restype = ctypes.c_int
     install.argtypes = [ctypes.c_void_p]
-    method = _MethodDef(b"cupool_cupy_alloc", address(alloc), _METH_O, None)
+    method = _MethodDef(b"cupool_cupy_alloc", _address(alloc), _METH_O, None)
     new_function = api.PyCFunction_NewEx
     new_function.restype = ctypes.py_object
     new_function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]

@@ -44,21 +44,24 @@ impl DevicePool {
             // Note [device waits]: while a block drained by a device wait has not been
             // seen idle, a free segment may still be in use by the device.
             let unconfirmed = sh.device_drained > sh.fence_done;
-            // SAFETY: pool lock held.
-            let mut idle: Vec<(u64, BlockIdx, u64)> = unsafe {
-                sh.segments
-                    .iter()
-                    .filter(|_| !unconfirmed)
-                    .filter(|&(&base, _)| Some(base) != arena_base)
-                    .filter(|&(base, _)| !sh.exported.contains(base))
-                    .filter_map(|(&base, &idx)| {
-                        let d = BLOCKS.get(idx).data();
-                        let whole = BLOCKS.get(idx).place() == Place::FreeShared
-                            && d.seg_next == NIL
-                            && d.size == d.segment_size;
-                        whole.then_some((base, idx, d.segment_size))
-                    })
-                    .collect()
+            let mut idle: Vec<(u64, BlockIdx, u64)> = if unconfirmed {
+                Vec::new()
+            } else {
+                // SAFETY: pool lock held.
+                unsafe {
+                    sh.segments
+                        .iter()
+                        .filter(|&(&base, _)| Some(base) != arena_base)
+                        .filter(|&(base, _)| !sh.exported.contains(base))
+                        .filter_map(|(&base, &idx)| {
+                            let d = BLOCKS.get(idx).data();
+                            let whole = BLOCKS.get(idx).place() == Place::FreeShared
+                                && d.seg_next == NIL
+                                && d.size == d.segment_size;
+                            whole.then_some((base, idx, d.segment_size))
+                        })
+                        .collect()
+                }
             };
             idle.sort_unstable_by_key(|&(_, _, size)| core::cmp::Reverse(size));
             let mut v = Vec::new();

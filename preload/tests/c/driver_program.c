@@ -250,6 +250,15 @@ static unsigned long long other_waits(const struct fake_cuda_counters *a,
            (a->stream_wait_event - a->stream_wait_event_legacy);
 }
 
+/* One phase of device waits: blocks that came back at once, and legacy and other waits. */
+static void print_waits(const char *phase, int same_block, const struct fake_cuda_counters *a,
+                        const struct fake_cuda_counters *b)
+{
+    printf("%s.same_block=%d\n%s.legacy_waits=%llu\n%s.other_waits=%llu\n", phase, same_block,
+           phase, (unsigned long long)(b->stream_wait_event_legacy - a->stream_wait_event_legacy),
+           phase, other_waits(a, b));
+}
+
 static void scenario_device_waits(void)
 {
     enum { MANY = 65 };
@@ -275,23 +284,12 @@ static void scenario_device_waits(void)
     fake_counters(&c7);
     for (int i = 0; i < MANY; i++)
         CHECK(drv.cuStreamDestroy_v2(many[i]));
-    printf("before.same_block=%d\nbefore.legacy_waits=%llu\nbefore.other_waits=%llu\n", before,
-           (unsigned long long)(c1.stream_wait_event_legacy - c0.stream_wait_event_legacy),
-           other_waits(&c0, &c1));
-    printf("blocking.same_block=%d\nblocking.legacy_waits=%llu\nblocking.other_waits=%llu\n",
-           blocking_same,
-           (unsigned long long)(c2.stream_wait_event_legacy - c1.stream_wait_event_legacy),
-           other_waits(&c1, &c2));
+    print_waits("before", before, &c0, &c1);
+    print_waits("blocking", blocking_same, &c1, &c2);
     printf("at_non_blocking.other_waits=%llu\nat_non_blocking.host_waits=%llu\n",
            other_waits(&c2, &c3), (unsigned long long)(c3.event_sync - c2.event_sync));
-    printf("listed.same_block=%d\nlisted.legacy_waits=%llu\nlisted.other_waits=%llu\n",
-           listed_same,
-           (unsigned long long)(c4.stream_wait_event_legacy - c3.stream_wait_event_legacy),
-           other_waits(&c3, &c4));
-    printf("destroyed.same_block=%d\ndestroyed.legacy_waits=%llu\ndestroyed.other_waits=%llu\n",
-           destroyed_same,
-           (unsigned long long)(c5.stream_wait_event_legacy - c4.stream_wait_event_legacy),
-           other_waits(&c4, &c5));
+    print_waits("listed", listed_same, &c3, &c4);
+    print_waits("destroyed", destroyed_same, &c4, &c5);
     printf("many.other_waits=%llu\nmany.host_waits=%llu\n", other_waits(&c5, &c6),
            (unsigned long long)(c6.event_sync - c5.event_sync));
     printf("after.legacy_waits=%llu\nafter.other_waits=%llu\nafter.fences=%llu\n",

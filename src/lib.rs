@@ -40,7 +40,7 @@ pub mod trace;
 
 /// Under the model checker (`RUSTFLAGS="--cfg loom"`) only the pool's lock-free parts are
 /// built: the address map, the block records' hand-over tag, the per-thread counters, the
-/// capture exclusion and the shared thread fences.
+/// capture exclusion, the shared thread fences and the parking slots.
 #[cfg(loom)]
 pub mod pool {
     pub mod address_map;
@@ -48,6 +48,7 @@ pub mod pool {
     pub mod capture;
     pub mod counters;
     pub mod fence_clock;
+    pub mod parked;
 }
 
 pub use status::CupoolStatus;

@@ -331,11 +331,20 @@ impl Runtime {
     ) -> Result<DevicePtr> {
         with_thread(|ts, mut cache| {
             let c = ts.counters(pool.index);
-            if let Some(cache) = cache.as_deref_mut() {
-                if let Some((ptr, block)) = pool.alloc_cached(cache, c, rounded, size as u64, s) {
-                    seen.block = block;
-                    return Ok(ptr);
-                }
+            // The cache is asked even for arena blocks, which it never holds: its call
+            // honours a pending flush request (`thread_cache::FLUSH_EPOCH`).
+            let hit = cache
+                .as_deref_mut()
+                .and_then(|cache| pool.alloc_cached(cache, c, rounded, size as u64, s))
+                .or_else(|| {
+                    // Note [parked arena blocks].
+                    pool.vmm_large(rounded)
+                        .then(|| pool.alloc_parked(c, rounded, size as u64, s))
+                        .flatten()
+                });
+            if let Some((ptr, block)) = hit {
+                seen.block = block;
+                return Ok(ptr);
             }
             pool.alloc_slow(c, rounded, size as u64, Some(s), &mut || {
                 flush_own_cache(cache.as_deref_mut(), pool.index)

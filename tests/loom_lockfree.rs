@@ -320,3 +320,56 @@ fn a_shared_fence_covers_what_came_before_its_ticket() {
         assert!(clock.advance(need, true, &device()));
     });
 }
+
+/// Note [parked arena blocks]: a parking slot hands a record from the thread that parked
+/// it to whichever thread swaps the slot empty: the stream's next request, another free
+/// that displaces it, or a pass filing every parked block. Each parked block has exactly
+/// one owner at the end, and that owner reads what the parking thread wrote.
+#[test]
+fn a_parked_block_has_one_owner_and_its_owner_sees_its_record() {
+    use cupool::pool::parked::ParkSlots;
+    const STREAM: u64 = 7;
+    loom::model(|| {
+        let table = Arc::new(BlockTable::new());
+        let slots = Arc::new(ParkSlots::new());
+        let first = table.allocate().unwrap();
+        let second = table.allocate().unwrap();
+        let park = |t: Arc<BlockTable>, s: Arc<ParkSlots>, idx, stamp| {
+            move || {
+                let b = t.get(idx);
+                // SAFETY: this thread holds the block until the slot publishes it.
+                unsafe { b.data().free_epoch = stamp };
+                b.set_place(Place::Parked);
+                // What the slot held before is this thread's now.
+                s.park(STREAM, idx).map(|earlier| {
+                    // SAFETY: swapped out of the slot: owned.
+                    (earlier, unsafe { t.get(earlier).data().free_epoch })
+                })
+            }
+        };
+        // Parked before the race: the other threads displace, take and file it.
+        assert_eq!(park(table.clone(), slots.clone(), first, 11)(), None);
+        let p2 = thread::spawn(park(table.clone(), slots.clone(), second, 22));
+        let (t3, s3) = (table.clone(), slots.clone());
+        let request = thread::spawn(move || {
+            s3.take(STREAM).map(|idx| {
+                // SAFETY: swapped out of the slot: owned.
+                (idx, unsafe { t3.get(idx).data().free_epoch })
+            })
+        });
+        let mut filed = Vec::new();
+        slots.take_all(|idx| {
+            // SAFETY: swapped out of the slot: owned.
+            filed.push((idx, unsafe { table.get(idx).data().free_epoch }));
+        });
+        let mut owners: Vec<(u32, u64)> = filed;
+        owners.extend(p2.join().unwrap());
+        owners.extend(request.join().unwrap());
+        slots.take_all(|idx| {
+            // SAFETY: every other thread has ended.
+            owners.push((idx, unsafe { table.get(idx).data().free_epoch }));
+        });
+        owners.sort();
+        assert_eq!(owners, vec![(first, 11), (second, 22)], "one owner each");
+    });
+}

@@ -8,27 +8,14 @@
 mod host_pool;
 
 use cupool::backend::host::HOST_VMM_GRANULE as G;
-use cupool::backend::{BackendError, ContextInfo};
+use cupool::backend::BackendError;
 use cupool::runtime::Runtime;
 use cupool::CupoolStatus;
-use host_pool::{setup_on, S1, S2};
+use host_pool::{empty_and_check_nothing_left, setup_on, setup_vmm, S1, S2};
 use std::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 const MIB: u64 = 1 << 20;
-
-fn vmm_setup(
-    on: bool,
-) -> (
-    &'static Runtime,
-    &'static cupool::backend::host::HostBackend,
-    ContextInfo,
-) {
-    // After `setup_on`, which picks segments; read when the pool is created.
-    let setup = setup_on(0);
-    cupool::config::set("vmm", if on { "on" } else { "off" }).expect("vmm option");
-    setup
-}
 
 fn fill(p: u64, n: u64, v: u8) {
     // SAFETY: the pool handed out at least n bytes at p (mapped host memory).
@@ -91,34 +78,10 @@ impl Drop for OptionFor {
     }
 }
 
-/// Empties the cache and checks that the host backend holds no VMM object any more.
-fn empty_and_check_nothing_left(
-    rt: &Runtime,
-    host: &cupool::backend::host::HostBackend,
-    ctx: ContextInfo,
-) {
-    rt.flush_thread_cache();
-    host.complete_all(ctx.id);
-    rt.empty_cache(Some(0)).unwrap();
-    let pool = rt.context_pool(ctx).unwrap();
-    pool.check_invariants().unwrap();
-    let s = rt.context_stats(ctx).unwrap();
-    assert_eq!(s.reserved_bytes.current, 0, "everything went back");
-    assert_eq!(s.device_frees, s.device_allocs);
-    let v = pool.vmm_stats();
-    assert_eq!((v.mapped_bytes, v.idle_bytes, v.range_bytes), (0, 0, 0));
-    let c = host.counters();
-    assert_eq!(c.vmm_mappings, 0, "every granule unmapped");
-    assert_eq!(c.vmm_handles, 0, "every physical handle released");
-    assert_eq!(c.vmm_ranges, 0, "the reservation is freed");
-    assert_eq!(c.vmm_creates, c.vmm_releases);
-    assert_eq!(c.vmm_maps, c.vmm_unmaps);
-}
-
 #[test]
 fn every_byte_is_usable_while_memory_moves() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     let pool = rt.context_pool(ctx).unwrap_or_else(|_| {
         let p = rt.alloc(1).unwrap();
         rt.free(p).unwrap();
@@ -185,7 +148,7 @@ fn every_byte_is_usable_while_memory_moves() {
 fn growing_sizes_keep_reserved_near_the_live_peak() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let run = |on: bool| {
-        let (rt, host, ctx) = vmm_setup(on);
+        let (rt, host, ctx) = setup_vmm(on);
         // Each step frees the previous tensor and takes a slightly larger one, as a KV cache
         // grown by concatenation does; two are live at once.
         let mut prev = rt.alloc(2 * MIB as usize).unwrap();
@@ -220,7 +183,7 @@ fn growing_sizes_keep_reserved_near_the_live_peak() {
 #[test]
 fn stream_ordered_growth_tracks_live_bytes_closely() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     let mut peak_live = 0;
     let mut prev: Option<(u64, u64)> = None;
     for i in 0..200u64 {
@@ -251,7 +214,7 @@ fn stream_ordered_growth_tracks_live_bytes_closely() {
 #[test]
 fn blocks_awaiting_a_fence_keep_their_memory_mapped() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     host.set_manual_completion(ctx.id, true);
     let a = rt.alloc(20 * MIB as usize).unwrap();
     fill(a, 20 * MIB, 0xab);
@@ -279,7 +242,7 @@ fn blocks_awaiting_a_fence_keep_their_memory_mapped() {
 #[test]
 fn a_streams_own_mapped_free_beats_a_smaller_unmapped_shared_fit() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     let own = rt.alloc_async(30 * MIB as usize, S1).unwrap();
     let hole = rt.alloc(20 * MIB as usize).unwrap();
     let spacer = rt.alloc(4 * MIB as usize).unwrap();
@@ -307,7 +270,7 @@ fn a_streams_own_mapped_free_beats_a_smaller_unmapped_shared_fit() {
 #[test]
 fn an_out_of_memory_retry_that_releases_the_arena_still_carves_from_one() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     let p = rt.alloc((20 * MIB) as usize).unwrap();
     rt.free(p).unwrap();
     host.complete_all(ctx.id);
@@ -333,7 +296,7 @@ fn an_out_of_memory_retry_that_releases_the_arena_still_carves_from_one() {
 #[test]
 fn no_mapping_while_a_capture_is_active() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     // Map 8 MiB and cache it.
     let a = rt.alloc_async(8 * MIB as usize, S1).unwrap();
     rt.free_async(a, S1).unwrap();
@@ -401,7 +364,7 @@ fn the_limit_holds_and_stitching_serves_requests_under_it() {
 #[test]
 fn stats_report_the_arena_mapping() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     let a = rt.alloc(3 * MIB as usize).unwrap();
     let pool = rt.context_pool(ctx).unwrap();
     let v = pool.vmm_stats();
@@ -443,7 +406,7 @@ fn stats_report_the_arena_mapping() {
 #[test]
 fn the_footprint_accounts_for_every_reserved_byte() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     // Chunks of `vmm_chunk` (8 MiB) from the start, for the layout above.
     let _divisor = OptionFor::set("vmm_chunk_divisor", "0");
     let a = rt.alloc(3 * MIB as usize).unwrap();
@@ -501,7 +464,7 @@ fn the_footprint_accounts_for_every_reserved_byte() {
 #[test]
 fn the_footprint_at_the_peak_outlives_the_peak() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     let pool = rt.context_pool(ctx).unwrap();
     rt.reset_peak_stats(Some(0)).unwrap();
     assert_eq!(pool.footprint_at_peak(), None, "no growth since the reset");
@@ -596,7 +559,7 @@ fn the_footprint_at_the_peak_outlives_the_peak() {
 #[test]
 fn the_footprint_at_the_peak_is_taken_again_only_past_a_step() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     let pool = rt.context_pool(ctx).unwrap();
     rt.reset_peak_stats(Some(0)).unwrap();
     let peak = || rt.context_stats(ctx).unwrap().reserved_bytes.peak;
@@ -628,7 +591,7 @@ fn the_footprint_at_the_peak_is_taken_again_only_past_a_step() {
 fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
     use cupool::trace::{Action, Trace, TraceEvent};
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, _host, _ctx) = vmm_setup(true);
+    let (rt, _host, _ctx) = setup_vmm(true);
     // Steps of 10 µs, each buffer 8 MiB larger than the one it replaces.
     let grow = |from: u64, step: u64| {
         let mut events = Vec::new();
@@ -687,7 +650,7 @@ fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
 fn a_buffer_freed_on_its_stream_moves_to_a_larger_one_instead_of_holding_two() {
     use cupool::trace::{Action, Trace, TraceEvent};
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, _host, _ctx) = vmm_setup(true);
+    let (rt, _host, _ctx) = setup_vmm(true);
     // Each buffer 1.5 times the one before, from 64 MiB: no freed block fits the next
     // request, and each covers two thirds of it. `steps` buffers, each allocated and freed
     // on a stream of `streams` in turn. Returns the trace and its largest buffer.
@@ -748,7 +711,7 @@ fn a_buffer_freed_on_its_stream_moves_to_a_larger_one_instead_of_holding_two() {
 fn a_request_waits_when_pending_frees_cover_what_the_arena_would_create() {
     use cupool::trace::{Action, Trace};
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, _host, _ctx) = vmm_setup(true);
+    let (rt, _host, _ctx) = setup_vmm(true);
     // Each free records its fence at once, so that X's has completed by the request.
     let _batch = OptionFor::set("fence_batch", "1");
     let (x, y, z) = (0x7f00_0000_0000, 0x7f01_0000_0000, 0x7f02_0000_0000);
@@ -779,7 +742,7 @@ fn a_request_waits_when_pending_frees_cover_what_the_arena_would_create() {
 #[test]
 fn snapshots_show_the_arena_as_its_mapped_runs() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     let sizes = [3 * MIB, 12 * MIB, 40 * MIB, 5 * MIB];
     let ptrs: Vec<u64> = sizes
         .iter()
@@ -837,7 +800,7 @@ fn snapshots_show_the_arena_as_its_mapped_runs() {
 #[test]
 fn chunks_made_while_the_pool_was_small_are_merged_as_they_move() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = vmm_setup(true);
+    let (rt, host, ctx) = setup_vmm(true);
     set_default("vmm_chunk");
     let _divisor = OptionFor::set("vmm_chunk_divisor", "2");
     // An empty pool: chunks of one granule (reserved / 2 rounds down to less than one).

@@ -22,6 +22,9 @@ impl DevicePool {
         stream: Option<StreamRef>,
         flush_own_cache: &mut dyn FnMut() -> bool,
     ) -> Result<u64> {
+        // Note [parked arena blocks]: every fit below sees the parked blocks, merged with
+        // their neighbours as at their free.
+        self.file_all_parked();
         let req = Request {
             size,
             requested,

@@ -48,18 +48,22 @@ pub enum Place {
     AwaitingFence,
     /// In a thread's cache, bound to the cache slot's stream.
     ThreadCache,
+    /// A VMM arena block freed on its stream, in one of its pool's parking slots (Note
+    /// [parked arena blocks] in `parked.rs`).
+    Parked,
     /// The record is not in use.
     Unused,
 }
 
 impl Place {
     /// Every place, in discriminant order.
-    const ALL: [Place; 6] = [
+    const ALL: [Place; 7] = [
         Place::Allocated,
         Place::FreeShared,
         Place::FreeOnStream,
         Place::AwaitingFence,
         Place::ThreadCache,
+        Place::Parked,
         Place::Unused,
     ];
 

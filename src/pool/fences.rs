@@ -63,6 +63,9 @@ impl DevicePool {
     /// free). A context fence needs no handle and covers all streams at once. Caller holds
     /// `self.events`.
     pub(super) fn seal(&self, mode: Advance) -> Outstanding {
+        // Note [parked arena blocks]: a fence covers what was freed before it; parked
+        // blocks first go where their free would have put them.
+        self.file_all_parked();
         let (epoch, dropped) = {
             let mut sh = self.shared.lock();
             let outstanding = Outstanding::of(&sh);
@@ -94,6 +97,8 @@ impl DevicePool {
             };
             let epoch = sh.clock;
             sh.clock += 1;
+            // Before the record (Note [parked arena blocks]).
+            self.fence_side.clock.store(sh.clock, Ordering::Release);
             (epoch, dropped)
         };
         if let Some((ev, _)) = dropped {

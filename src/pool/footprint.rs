@@ -188,6 +188,7 @@ pub const PEAK_FOOTPRINT_STEP: u64 = 64;
 impl DevicePool {
     /// Where this pool's reserved bytes are now (Note [footprint]).
     pub fn footprint(&self) -> Footprint {
+        self.file_all_parked();
         let in_use = thread_cache::sum_level(self.index, Level::Allocated).max(0) as u64;
         let sh = self.shared.lock();
         Self::footprint_of(&sh, in_use)

@@ -17,14 +17,44 @@ impl DevicePool {
     /// The caller owns every block in `blocks` (taken back from the program or from its
     /// thread cache), all of this pool.
     pub unsafe fn free_to_stream(&self, s: StreamRef, blocks: &[BlockIdx]) {
+        // SAFETY: the caller's contract.
+        unsafe { self.file_on_stream(s, blocks, None) }
+    }
+
+    /// [`DevicePool::free_to_stream`] for blocks freed when the clock read `freed_at`
+    /// (parked blocks, Note [parked arena blocks]), or now (`None`). An older stamp is
+    /// raised to the newest of the stream's age list: stamps grow along it, and the
+    /// merged block's stamp must cover the stream's own neighbours it absorbs.
+    ///
+    /// # Safety
+    /// As [`DevicePool::free_to_stream`].
+    pub(super) unsafe fn file_on_stream(
+        &self,
+        s: StreamRef,
+        blocks: &[BlockIdx],
+        freed_at: Option<u64>,
+    ) {
         let mut sh = self.shared.lock();
-        let clock = sh.clock;
+        let now = sh.clock;
+        // Its free lists exist from here on (`sh.stream` below): its blocks may be parked.
+        self.parked.note_stream(s.id);
         for &idx in blocks {
+            let stamp = match freed_at {
+                None => now,
+                Some(e) => {
+                    let newest = sh
+                        .stream(s)
+                        .age
+                        .back()
+                        .map_or(0, |t| BLOCKS.get(t).data().free_epoch);
+                    e.max(newest).min(now)
+                }
+            };
             BLOCKS.get(idx).set_place(Place::FreeOnStream);
             let d = BLOCKS.get(idx).data();
             d.stream = s.id;
             d.requested = 0;
-            d.free_epoch = clock;
+            d.free_epoch = stamp;
             let idx = self.merge_on_stream(&mut sh, s, idx);
             let kind = BLOCKS.get(idx).data().kind;
             let st = sh.stream(s);

@@ -44,6 +44,45 @@ impl DevicePool {
 }
 
 impl DevicePool {
+    /// A large request on `stream` served by the block parked for it (Note [parked arena
+    /// blocks]) when that block is exactly `size` bytes, as [`DevicePool::alloc_cached`].
+    /// A parked block that does not fit is filed in the pool; `None` then, and when
+    /// nothing is parked.
+    #[inline]
+    pub fn alloc_parked(
+        &self,
+        c: &ThreadCounters,
+        size: u64,
+        requested: u64,
+        stream: StreamRef,
+    ) -> Option<(u64, u64)> {
+        let idx = self.parked.take(stream.id)?;
+        let b = BLOCKS.get(idx);
+        // SAFETY (both): swapped out of its slot: this thread owns the block. Copied out:
+        // the check below takes the record again, which a reference held over it would
+        // not survive (Miri, Stacked Borrows).
+        let (its_stream, its_size) = {
+            let d = unsafe { b.data() };
+            (d.stream, d.size)
+        };
+        if its_stream != stream.id
+            || its_size != size
+            || !self.slow_path_hands_out(idx, stream.id, size)
+        {
+            // SAFETY: owned, in no list.
+            unsafe { self.file_parked(idx) };
+            return None;
+        }
+        b.set_place(Place::Allocated);
+        let d = unsafe { b.data() };
+        d.requested = requested;
+        d.handle = stream.handle as u64;
+        let ptr = d.ptr;
+        self.note_allocated(c, size, requested);
+        b.publish_allocated(ptr);
+        Some((ptr, size))
+    }
+
     /// A streamless allocation served from the blocks the calling thread freed without a
     /// stream and kept, once their fence is known complete (Note [thread fences]). As
     /// [`DevicePool::alloc_cached`]; `None` on a miss.
@@ -170,6 +209,23 @@ impl Taken {
     /// the pool ([`DevicePool::free_to_stream`]).
     #[inline]
     pub fn to_stream(self, cache: Option<&mut ThreadCache>, s: StreamRef) {
+        if self.pool.vmm_large(self.size) && self.pool.parked.may_park(s.id) {
+            // Note [parked arena blocks].
+            let b = BLOCKS.get(self.idx);
+            // SAFETY: `take_back` made this thread the owner; the slot publishes the
+            // record.
+            let d = unsafe { b.data() };
+            d.stream = s.id;
+            d.handle = s.handle as u64;
+            d.requested = 0;
+            d.free_epoch = self.pool.clock_for_parking();
+            b.set_place(Place::Parked);
+            if let Some(earlier) = self.pool.parked.park(s.id, self.idx) {
+                // SAFETY: swapped out of the slot: this thread owns it now.
+                unsafe { self.pool.file_parked(earlier) };
+            }
+            return;
+        }
         if let Some(cache) = cache.filter(|_| !self.pool.vmm_large(self.size)) {
             if cache.put(self.pool.index, s, self.idx, self.size) {
                 return;

@@ -45,6 +45,7 @@ impl DevicePool {
                         Place::FreeOnStream => report.on_stream += d.size,
                         Place::AwaitingFence => report.awaiting_fence += d.size,
                         Place::ThreadCache => report.thread_cache += d.size,
+                        Place::Parked => report.parked += d.size,
                         Place::Unused => {
                             return Err(format!("block {:#x} unused but linked", d.ptr))
                         }
@@ -117,4 +118,6 @@ pub struct InvariantReport {
     pub on_stream: u64,
     pub awaiting_fence: u64,
     pub thread_cache: u64,
+    /// Blocks in the pool's parking slots (Note [parked arena blocks]).
+    pub parked: u64,
 }

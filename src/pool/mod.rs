@@ -53,6 +53,7 @@ mod frees;
 pub mod handover;
 mod invariants;
 pub(crate) mod meta_memory;
+pub mod parked;
 pub mod pinned;
 mod pool_stats;
 mod release;
@@ -340,6 +341,9 @@ pub struct DevicePool {
     vmm: AtomicBool,
     /// Bytes the pool keeps through releases (Note [reserve]).
     reserve_floor: AtomicU64,
+    /// Large blocks freed on their stream, kept for its next request (Note [parked arena
+    /// blocks]).
+    parked: parked::ParkSlots,
 }
 
 /// Note [fence counters apart]: every context fence a thread records enters and leaves the
@@ -360,6 +364,10 @@ struct FenceSide {
     /// The context fences that cover the streamless frees threads keep (Note [thread
     /// fences]), shared by every thread's kept batches (Note [shared thread fences]).
     thread_clock: fence_clock::FenceClock,
+    /// The pool clock (`Shared::clock`), stored after each increment, before the fence it
+    /// numbers is recorded: what a parked block is stamped with (Note [parked arena
+    /// blocks]).
+    clock: AtomicU64,
 }
 
 impl DevicePool {
@@ -396,6 +404,7 @@ impl DevicePool {
             fence_side: LineApart(FenceSide {
                 captures: capture::CaptureExclusion::new(),
                 thread_clock: fence_clock::FenceClock::new(),
+                clock: AtomicU64::new(1),
             }),
             device_total: AtomicU64::new(0),
             lone_fence_streak: AtomicU32::new(0),
@@ -403,6 +412,7 @@ impl DevicePool {
             peaks: core::array::from_fn(|_| AtomicU64::new(0)),
             vmm: AtomicBool::new(config::get(Key::Vmm) == 1),
             reserve_floor: AtomicU64::new(0),
+            parked: parked::ParkSlots::new(),
         }
     }
 
@@ -432,6 +442,9 @@ impl DevicePool {
     /// and is still reused by its stream without a fence. Host replays, `vmm:on`
     /// (docs/BENCHMARKS.md): `conv_train.torch` 1133 + 797 map + unmap calls at 96.0% to
     /// 387 + 67 at 97.7%, `gpt_train.torch` 1653 + 963 at 96.3% to 1242 + 552 at 96.6%.
+    /// Their stream's next request of the same size is served without the lists by
+    /// parking instead (Note [parked arena blocks] in `parked.rs`), which every pass that
+    /// needs the block merged undoes first.
     #[inline]
     pub(crate) fn vmm_large(&self, size: u64) -> bool {
         size > size_policy::SMALL_MAX && self.vmm.load(Ordering::Relaxed)

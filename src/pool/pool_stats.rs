@@ -23,6 +23,9 @@ impl DevicePool {
 
     /// This pool's statistics.
     pub fn stats(&self) -> CupoolStats {
+        // Parked blocks are free blocks of the pool: counted in its lists, as before they
+        // were parked (Note [parked arena blocks]).
+        self.file_all_parked();
         let (reserved, reserved_peak, slow, frag) = {
             let sh = self.shared.lock();
             // SAFETY: pool lock held.

@@ -33,6 +33,7 @@ impl DevicePool {
         if !self.may_order() {
             return 0;
         }
+        self.file_all_parked();
         // Note [capture exclusion]: held until the releases are done.
         let Some(_calls) = self.enter_ordering_calls() else {
             return 0;

@@ -56,3 +56,32 @@ pub fn alloc_free_pairs(rt: &Runtime, n: usize, size: usize) -> Vec<u64> {
         })
         .collect()
 }
+
+/// As [`setup_on`] on device 0, with the VMM arena on or off (read when the pool is
+/// created, at its first call).
+pub fn setup_vmm(on: bool) -> (&'static Runtime, &'static HostBackend, ContextInfo) {
+    // After `setup_on`, which picks segments; read when the pool is created.
+    let setup = setup_on(0);
+    cupool::config::set("vmm", if on { "on" } else { "off" }).expect("vmm option");
+    setup
+}
+
+/// Empties the cache and checks that the host backend holds no VMM object any more.
+pub fn empty_and_check_nothing_left(rt: &Runtime, host: &HostBackend, ctx: ContextInfo) {
+    rt.flush_thread_cache();
+    host.complete_all(ctx.id);
+    rt.empty_cache(Some(0)).unwrap();
+    let pool = rt.context_pool(ctx).unwrap();
+    pool.check_invariants().unwrap();
+    let s = rt.context_stats(ctx).unwrap();
+    assert_eq!(s.reserved_bytes.current, 0, "everything went back");
+    assert_eq!(s.device_frees, s.device_allocs);
+    let v = pool.vmm_stats();
+    assert_eq!((v.mapped_bytes, v.idle_bytes, v.range_bytes), (0, 0, 0));
+    let c = host.counters();
+    assert_eq!(c.vmm_mappings, 0, "every granule unmapped");
+    assert_eq!(c.vmm_handles, 0, "every physical handle released");
+    assert_eq!(c.vmm_ranges, 0, "the reservation is freed");
+    assert_eq!(c.vmm_creates, c.vmm_releases);
+    assert_eq!(c.vmm_maps, c.vmm_unmaps);
+}

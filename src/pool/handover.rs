@@ -205,8 +205,9 @@ impl Taken {
         self.to_fence(false);
     }
 
-    /// Freed on stream `s`: into the calling thread's cache when it keeps it, otherwise to
-    /// the pool ([`DevicePool::free_to_stream`]).
+    /// Freed on stream `s`: a block of the VMM arena is parked for `s` (Note [parked arena
+    /// blocks]) once the pool has lists for `s`; another goes into the calling thread's
+    /// cache when it keeps it; otherwise to the pool ([`DevicePool::free_to_stream`]).
     #[inline]
     pub fn to_stream(self, cache: Option<&mut ThreadCache>, s: StreamRef) {
         if self.pool.vmm_large(self.size) && self.pool.parked.may_park(s.id) {

@@ -210,30 +210,35 @@ impl Taken {
     /// cache when it keeps it; otherwise to the pool ([`DevicePool::free_to_stream`]).
     #[inline]
     pub fn to_stream(self, cache: Option<&mut ThreadCache>, s: StreamRef) {
-        if self.pool.vmm_large(self.size) && self.pool.parked.may_park(s.id) {
-            // Note [parked arena blocks].
-            let b = BLOCKS.get(self.idx);
-            // SAFETY: `take_back` made this thread the owner; the slot publishes the
-            // record.
-            let d = unsafe { b.data() };
-            d.stream = s.id;
-            d.handle = s.handle as u64;
-            d.requested = 0;
-            d.free_epoch = self.pool.clock_for_parking();
-            b.set_place(Place::Parked);
-            if let Some(earlier) = self.pool.parked.park(s.id, self.idx) {
-                // SAFETY: swapped out of the slot: this thread owns it now.
-                unsafe { self.pool.file_parked(earlier) };
+        if self.pool.vmm_large(self.size) {
+            if self.pool.parked.may_park(s.id) {
+                self.park(s);
+                return;
             }
-            return;
-        }
-        if let Some(cache) = cache.filter(|_| !self.pool.vmm_large(self.size)) {
+        } else if let Some(cache) = cache {
             if cache.put(self.pool.index, s, self.idx, self.size) {
                 return;
             }
         }
         // SAFETY: `take_back` made this thread the owner; `self` is consumed.
         unsafe { self.pool.free_to_stream(s, &[self.idx]) };
+    }
+
+    /// Parks the block for `s` (Note [parked arena blocks]); a block parked there before,
+    /// freed earlier, is filed at once.
+    fn park(self, s: StreamRef) {
+        let b = BLOCKS.get(self.idx);
+        // SAFETY: `take_back` made this thread the owner; the slot publishes the record.
+        let d = unsafe { b.data() };
+        d.stream = s.id;
+        d.handle = s.handle as u64;
+        d.requested = 0;
+        d.free_epoch = self.pool.clock_for_parking();
+        b.set_place(Place::Parked);
+        if let Some(earlier) = self.pool.parked.park(s.id, self.idx) {
+            // SAFETY: swapped out of the slot: this thread owns it now.
+            unsafe { self.pool.file_parked(earlier) };
+        }
     }
 }
 

@@ -113,7 +113,9 @@ def torch_caching_allocator_in_use():
 def switch_allocator():
     """WORKLOAD_ALLOCATOR=cupool: PyTorch on cupool through `cupool.torch.enable()` (the
     package from python/ on PYTHONPATH, its library from CUPOOL_LIBRARY); =rmm: RMM's pool
-    resource through `rmm.allocators.torch` (the pool's initial size is RMM's default).
+    resource through `rmm.allocators.torch` (the pool's initial size is RMM's default, half the
+    device's free memory, or WORKLOAD_RMM_INITIAL_POOL bytes; it grows from the driver when
+    it runs out).
     Before the first CUDA allocation. Returns what to report, or None."""
     which = os.environ.get("WORKLOAD_ALLOCATOR")
     if which == "cupool":
@@ -122,12 +124,21 @@ def switch_allocator():
         cupool.torch.enable()
         return "cupool.torch.enable()"
     if which == "rmm":
-        import rmm
+        # Only the hooks here: start_rmm_pool() makes the pool, once the context exists.
         from rmm.allocators.torch import rmm_torch_allocator
-        rmm.reinitialize(pool_allocator=True)
         torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
-        return f"rmm {rmm.__version__} pool resource"
     return None
+
+
+def start_rmm_pool():
+    """Makes RMM's pool the device's resource (after switch_allocator() put PyTorch on RMM's
+    hooks, before PyTorch's first allocation). Returns what to report."""
+    import rmm
+    initial = os.environ.get("WORKLOAD_RMM_INITIAL_POOL")
+    kwargs = {"initial_pool_size": int(initial)} if initial else {}
+    rmm.reinitialize(pool_allocator=True, **kwargs)
+    size = "RMM's default initial size" if not initial else f"initial size {initial} B"
+    return f"rmm {rmm.__version__} pool resource, {size}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -483,6 +494,10 @@ class Harness:
         torch.backends.cudnn.deterministic = True
         torch.set_float32_matmul_precision("high")
 
+        # PyTorch takes a new allocator only before its own is initialised (the context's
+        # creation does that), but RMM's pool takes its initial size from the driver when it
+        # is made: so for RMM the start value is read after the context, before the pool.
+        rmm_pool = os.environ.get("WORKLOAD_ALLOCATOR") == "rmm"
         self.allocator = switch_allocator()
         self.device_index = torch.cuda.current_device()
         self.device = torch.device("cuda", self.device_index)
@@ -491,6 +506,9 @@ class Harness:
         torch.cuda.init()
         torch.cuda.synchronize()
         self.monitor = DevicePeakMonitor(self.device_index, args.sample_interval_ms / 1000.0)
+        if rmm_pool:
+            self.monitor.start()
+            self.allocator = start_rmm_pool()
         self.snapshot = None
         if args.snapshot:
             if torch_caching_allocator_in_use():
@@ -498,7 +516,8 @@ class Harness:
                 self.snapshot.start()
             else:
                 self.notes.append("--snapshot ignored: PyTorch's caching allocator is off")
-        self.monitor.start()
+        if not rmm_pool:
+            self.monitor.start()
 
     def step_begin(self):
         self._t0 = time.perf_counter()

@@ -2,16 +2,22 @@
 
     python3 gpu/workloads/rounds.py OUTDIR [--rounds 3] [--workloads gpt_train ...]
         [--steps gpt_train=90 ...] [--preload LABEL=LIBRARY[@CUPOOL_CONF] ...]
-        [--cupool LABEL=LIBRARY[@CUPOOL_CONF] ...] [--async] [--no-expandable]
-        [--deadline-s 540]
+        [--cupool LABEL=LIBRARY[@CUPOOL_CONF] ...] [--rmm LABEL=PYTHONPATH[@INITIAL_BYTES] ...]
+        [--async] [--no-expandable] [--cpus 2-9] [--deadline-s 540]
 
 One process on this machine differs from the next by up to ±25% in step time, so a single
 run per allocator says little. Here every round runs each workload once per allocator, in
 turn (PyTorch native, PyTorch `expandable_segments:True`, with `--async` PyTorch's
 `backend:cudaMallocAsync`, then each `--cupool` library through `cupool.torch.enable()` and
-each `--preload` library with `PYTORCH_NO_CUDA_MEMORY_CACHING=1`), each a fresh process; the table gives each round's
-median step, the median over rounds, its ratio to native's, the device peak (NVML, above the
-value once the context existed) and whether the losses are bit-identical to native's.
+each `--preload` library with `PYTORCH_NO_CUDA_MEMORY_CACHING=1`, and each `--rmm` install
+through RMM's pool resource), each a fresh process. Each round starts one allocator later
+than the round before, so no allocator always runs first. `--cpus` pins every run to the same
+CPUs: a process's step otherwise depends on where the host placed it.
+
+The table gives each round's median step, the median over rounds, the median of the
+per-round ratios to native's step (each round's run against native's run of the same round)
+with the number of rounds below native, the device peak range (NVML, above the value once
+the context existed) and whether the losses are bit-identical to native's.
 
 Writes OUTDIR/LABEL.WORKLOAD.rROUND.json (each run's result JSON), OUTDIR/logs/, and
 OUTDIR/rounds.json; prints the table (also OUTDIR/table.txt). Exit status 0 when every run
@@ -43,6 +49,13 @@ def parse_args(argv):
                    metavar="LABEL=LIBRARY[@CUPOOL_CONF]",
                    help="libcupool.so to put PyTorch on through cupool.torch.enable() "
                         "(the package from python/; repeatable)")
+    p.add_argument("--rmm", action="append", default=[],
+                   metavar="LABEL=PYTHONPATH[@INITIAL_BYTES]",
+                   help="RMM's pool resource through rmm.allocators.torch, the rmm package "
+                        "found on PYTHONPATH (empty: installed); INITIAL_BYTES the pool's "
+                        "initial size (default RMM's, half the free memory)")
+    p.add_argument("--cpus", default=None, metavar="LIST",
+                   help="CPU list every run is pinned to, as taskset takes it (2-9 or 2,4,6)")
     p.add_argument("--async", dest="use_async", action="store_true",
                    help="also PyTorch's backend:cudaMallocAsync")
     p.add_argument("--no-expandable", action="store_true")
@@ -82,9 +95,38 @@ def parse_args(argv):
             if conf:
                 env["CUPOOL_CONF"] = conf
             modes.append((label, kind, env, {}))
+    for item in args.rmm:
+        label, _, rest = item.partition("=")
+        path, _, initial = rest.partition("@")
+        if not label or (initial and not initial.isdigit()):
+            p.error(f"--rmm wants LABEL=PYTHONPATH[@INITIAL_BYTES], got {item!r}")
+        env = {"WORKLOAD_ALLOCATOR": "rmm"}
+        if path:
+            env["PYTHONPATH"] = os.path.abspath(path) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        if initial:
+            env["WORKLOAD_RMM_INITIAL_POOL"] = initial
+        modes.append((label, "rmm", env, {}))
     if len({m[0] for m in modes}) != len(modes):
         p.error("every mode needs its own label")
+    args.cpu_set = None
+    if args.cpus:
+        try:
+            args.cpu_set = parse_cpu_list(args.cpus)
+        except ValueError:
+            p.error(f"--cpus wants a CPU list like 2-9 or 2,4,6, got {args.cpus!r}")
+        if not args.cpu_set <= os.sched_getaffinity(0):
+            p.error(f"--cpus {args.cpus}: not all of these CPUs are available here")
     return args, steps, modes
+
+
+def parse_cpu_list(text):
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    if not cpus:
+        raise ValueError(text)
+    return cpus
 
 
 def run(args, steps, modes):
@@ -95,9 +137,11 @@ def run(args, steps, modes):
     base_env["PYTHONUNBUFFERED"] = "1"
     started = time.monotonic()
     results = []
+    pin = (lambda: os.sched_setaffinity(0, args.cpu_set)) if args.cpu_set else None
     for rnd in range(1, args.rounds + 1):
+        turn = (rnd - 1) % len(modes)
         for name in args.workloads:
-            for label, kind, env, _ in modes:
+            for label, kind, env, _ in modes[turn:] + modes[:turn]:
                 left = args.deadline_s - (time.monotonic() - started)
                 tag = f"{label}.{name}.r{rnd}"
                 if left < 20:
@@ -114,7 +158,8 @@ def run(args, steps, modes):
                 with open(log + ".out", "w") as o, open(log + ".err", "w") as e:
                     try:
                         rc = subprocess.run(cmd, env={**base_env, **env}, stdout=o, stderr=e,
-                                            timeout=min(left, args.proc_timeout_s)).returncode
+                                            timeout=min(left, args.proc_timeout_s),
+                                            preexec_fn=pin).returncode
                     except subprocess.TimeoutExpired:
                         rc = "timeout"
                 rec = {"label": label, "workload": name, "round": rnd, "rc": rc,
@@ -146,21 +191,28 @@ def table(results, args, modes):
         native = [r for r in mine if r["label"] == "native" and r.get("status") == "ok"]
         native_sums = {r.get("checksum") for r in native}
         native_med = statistics.median(r["step_ms"] for r in native) if native else None
-        lines.append(f"{name}: step ms per round | median | vs native | device peak GiB "
-                     f"(max) | losses as native")
+        native_by_round = {r["round"]: r["step_ms"] for r in native
+                           if r.get("step_ms") is not None}
+        lines.append(f"{name}: step ms per round | median | vs native (median of the rounds' "
+                     f"ratios; rounds below native) | device peak GiB (min-max) | losses as "
+                     f"native")
         for label, *_ in modes:
             runs = [r for r in mine if r["label"] == label]
             ok = [r for r in runs if r.get("status") == "ok" and r.get("step_ms") is not None]
             per_round = " / ".join(f"{r['step_ms']:.1f}" if r in ok else str(r.get("status"))
                                    for r in runs)
             med = statistics.median(r["step_ms"] for r in ok) if ok else None
-            ratio = f"{med / native_med:.2f}x" if med and native_med else "-"
-            peak = max((r["peak"] for r in ok if r.get("peak") is not None), default=None)
+            ratios = [r["step_ms"] / native_by_round[r["round"]] for r in ok
+                      if native_by_round.get(r["round"])]
+            ratio = (f"{statistics.median(ratios):.2f}x; {sum(x < 1 for x in ratios)} of "
+                     f"{len(ratios)}" if ratios and label != "native" else "-")
+            peaks = [r["peak"] for r in ok if r.get("peak") is not None]
+            peak = f"{fmt_gib(min(peaks))}-{fmt_gib(max(peaks))}" if peaks else "-"
             same = ("-" if not ok or not native_sums else
                     "yes" if all(r.get("checksum") in native_sums for r in ok) else "NO")
             med_text = "-" if med is None else f"{med:.1f}"
             lines.append(f"  {label:<12} {per_round} | {med_text} | {ratio} | "
-                         f"{fmt_gib(peak)} | {same}")
+                         f"{peak} | {same}")
     return "\n".join(lines)
 
 
@@ -172,7 +224,8 @@ def main(argv):
     with open(os.path.join(args.outdir, "table.txt"), "w") as f:
         f.write(text + "\n")
     with open(os.path.join(args.outdir, "rounds.json"), "w") as f:
-        json.dump({"steps": steps, "rounds": args.rounds, "results": results}, f, indent=1)
+        json.dump({"steps": steps, "rounds": args.rounds, "cpus": args.cpus,
+                   "results": results}, f, indent=1)
     return 0 if all(r.get("status") == "ok" for r in results) else 1
 
 

@@ -1,8 +1,10 @@
 """gpu/workloads/rounds.py on a stand-in workload (no GPU, no PyTorch): the allocators take
-turns round after round, and the table gives each one's steps per round, their median, its
-ratio to native's, the largest device peak and whether the losses are native's."""
+turns round after round (each round starting one allocator later), pinned to the CPUs asked
+for, and the table gives each one's steps per round, their median, the median of its per-round
+ratios to native's, its device peak range and whether the losses are native's."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -26,8 +28,12 @@ STAND_IN = textwrap.dedent(
     conf = os.environ.get("CUPOOL_CONF", "")
     if conf == "fail:1":
         raise SystemExit(3)
-    step = {"native": 10.0, "expandable": 9.0, "preload": 12.0}[a.mode]
-    peak = {"native": 4, "expandable": 3, "preload": 2}[a.mode] << 30
+    step = {"native": 10.0, "expandable": 9.0, "preload": 12.0, "rmm": 11.0}[a.mode]
+    peak = {"native": 4, "expandable": 3, "preload": 2, "rmm": 5}[a.mode] << 30
+    with open(a.out_json + ".env", "w") as f:
+        json.dump({"cpus": sorted(os.sched_getaffinity(0)),
+                   "allocator": os.environ.get("WORKLOAD_ALLOCATOR"),
+                   "rmm_initial": os.environ.get("WORKLOAD_RMM_INITIAL_POOL")}, f)
     losses = [1.0, 0.6] if conf == "other_losses:1" else [1.0, 0.5]
     with open(a.out_json, "w") as f:
         json.dump({"status": "ok", "step_ms_median": step, "device_peak_bytes": peak,
@@ -59,19 +65,42 @@ def test_rounds_table(tmp_path):
     done, out = run_rounds(tmp_path)
     assert done.returncode == 1, "a failed run makes the exit status 1"
     table = (out / "table.txt").read_text()
-    assert row(table, "native").split("|")[1:] == [" 10.0 ", " 1.00x ", " 4.00 ", " yes"]
-    assert "0.90x" in row(table, "expandable")
+    assert row(table, "native").split("|")[1:] == [" 10.0 ", " - ", " 4.00-4.00 ", " yes"]
+    assert "0.90x; 2 of 2" in row(table, "expandable")
     same = row(table, "same")
     assert same.startswith("  same         12.0 / 12.0 |")
-    assert same.split("|")[1:] == [" 12.0 ", " 1.20x ", " 2.00 ", " yes"]
+    assert same.split("|")[1:] == [" 12.0 ", " 1.20x; 0 of 2 ", " 2.00-2.00 ", " yes"]
     assert row(table, "differs").endswith("| NO")
     assert "no result" in row(table, "fails")
     results = json.loads((out / "rounds.json").read_text())["results"]
-    # Round after round, each allocator once per round, in the same order.
+    # Round after round, each allocator once per round, the second round starting one later.
     order = [(r["round"], r["label"]) for r in results]
     labels = ["native", "expandable", "same", "differs", "fails"]
-    assert order == [(n, label) for n in (1, 2) for label in labels]
+    assert order == [(1, label) for label in labels] + [(2, label) for label in
+                                                         labels[1:] + labels[:1]]
     assert [r["rc"] for r in results if r["label"] == "fails"] == [3, 3]
+
+
+def test_runs_are_pinned_and_rmm_gets_its_environment(tmp_path):
+    cpu = min(os.sched_getaffinity(0))
+    done, out = run_rounds(tmp_path, "--cpus", str(cpu), "--rmm", "rmm=@1048576")
+    assert done.returncode == 1  # the failing preload
+    for result in out.glob("*.json"):
+        if result.name == "rounds.json":
+            continue
+        env = json.loads(result.with_name(result.name + ".env").read_text())
+        assert env["cpus"] == [cpu], result.name
+        if result.name.startswith("rmm."):
+            assert env["allocator"] == "rmm" and env["rmm_initial"] == "1048576"
+    rmm_row = row((out / "table.txt").read_text(), "rmm")
+    assert rmm_row.split("|")[1:] == [" 11.0 ", " 1.10x; 0 of 2 ", " 5.00-5.00 ", " yes"]
+    assert json.loads((out / "rounds.json").read_text())["cpus"] == str(cpu)
+
+
+def test_cpus_not_available_are_a_usage_error(tmp_path):
+    done, _ = run_rounds(tmp_path, "--cpus", str(max(os.sched_getaffinity(0)) + 1))
+    assert done.returncode == 2
+    assert "not all of these CPUs" in done.stderr
 
 
 def test_no_run_starts_after_the_deadline(tmp_path):

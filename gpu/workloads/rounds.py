@@ -3,7 +3,7 @@
     python3 gpu/workloads/rounds.py OUTDIR [--rounds 3] [--workloads gpt_train ...]
         [--steps gpt_train=90 ...] [--preload LABEL=LIBRARY[@CUPOOL_CONF] ...]
         [--cupool LABEL=LIBRARY[@CUPOOL_CONF] ...] [--rmm LABEL=PYTHONPATH[@INITIAL_BYTES] ...]
-        [--async] [--no-expandable] [--cpus 2-9] [--deadline-s 540]
+        [--async] [--no-expandable] [--cpus 2-9] [--warmup-steps 10] [--deadline-s 540]
 
 One process on this machine differs from the next by up to ±25% in step time, so a single
 run per allocator says little. Here every round runs each workload once per allocator, in
@@ -16,8 +16,10 @@ CPUs: a process's step otherwise depends on where the host placed it.
 
 The table gives each round's median step, the median over rounds, the median of the
 per-round ratios to native's step (each round's run against native's run of the same round)
-with the number of rounds below native, the device peak range (NVML, above the value once
-the context existed) and whether the losses are bit-identical to native's.
+with the number of rounds below native, the same for the steps after the first
+`--warmup-steps` (from each run's step lines: an allocator that pays while its pool grows
+shows it in the first and not in the second), the device peak range (NVML, above the value
+once the context existed) and whether the losses are bit-identical to native's.
 
 Writes OUTDIR/LABEL.WORKLOAD.rROUND.json (each run's result JSON), OUTDIR/logs/, and
 OUTDIR/rounds.json; prints the table (also OUTDIR/table.txt). Exit status 0 when every run
@@ -25,6 +27,7 @@ succeeded. No run starts after --deadline-s.
 """
 import argparse
 import json
+import re
 import os
 import statistics
 import subprocess
@@ -59,6 +62,8 @@ def parse_args(argv):
     p.add_argument("--async", dest="use_async", action="store_true",
                    help="also PyTorch's backend:cudaMallocAsync")
     p.add_argument("--no-expandable", action="store_true")
+    p.add_argument("--warmup-steps", type=int, default=10, metavar="N",
+                   help="steps left out of the steady-state column (default 10)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--workload-dir", default=HERE,
                    help="where WORKLOAD.py lives (default: this folder)")
@@ -129,6 +134,20 @@ def parse_cpu_list(text):
     return cpus
 
 
+STEP_LINE = re.compile(r"^step +\d+ loss \S+ ms +([\d.]+)", re.M)
+
+
+def steady_median(out_log, warmup):
+    """The median step time after the first `warmup` steps, from a run's step lines
+    (`step N loss X ms Y`); None when it logged no more steps than that."""
+    try:
+        with open(out_log) as f:
+            ms = [float(m.group(1)) for m in STEP_LINE.finditer(f.read())]
+    except OSError:
+        return None
+    return statistics.median(ms[warmup:]) if len(ms) > warmup else None
+
+
 def run(args, steps, modes):
     os.makedirs(os.path.join(args.outdir, "logs"), exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if k not in (
@@ -163,7 +182,8 @@ def run(args, steps, modes):
                     except subprocess.TimeoutExpired:
                         rc = "timeout"
                 rec = {"label": label, "workload": name, "round": rnd, "rc": rc,
-                       "seconds": round(time.monotonic() - t0, 1)}
+                       "seconds": round(time.monotonic() - t0, 1),
+                       "steady_ms": steady_median(log + ".out", args.warmup_steps)}
                 try:
                     with open(out_json) as f:
                         res = json.load(f)
@@ -193,9 +213,10 @@ def table(results, args, modes):
         native_med = statistics.median(r["step_ms"] for r in native) if native else None
         native_by_round = {r["round"]: r["step_ms"] for r in native
                            if r.get("step_ms") is not None}
+        native_steady = {r["round"]: r["steady_ms"] for r in native if r.get("steady_ms")}
         lines.append(f"{name}: step ms per round | median | vs native (median of the rounds' "
-                     f"ratios; rounds below native) | device peak GiB (min-max) | losses as "
-                     f"native")
+                     f"ratios; rounds below native) | after step {args.warmup_steps}: median, "
+                     f"vs native | device peak GiB (min-max) | losses as native")
         for label, *_ in modes:
             runs = [r for r in mine if r["label"] == label]
             ok = [r for r in runs if r.get("status") == "ok" and r.get("step_ms") is not None]
@@ -206,13 +227,20 @@ def table(results, args, modes):
                       if native_by_round.get(r["round"])]
             ratio = (f"{statistics.median(ratios):.2f}x; {sum(x < 1 for x in ratios)} of "
                      f"{len(ratios)}" if ratios and label != "native" else "-")
+            steady = [r["steady_ms"] for r in ok if r.get("steady_ms")]
+            steady_ratios = [r["steady_ms"] / native_steady[r["round"]] for r in ok
+                             if r.get("steady_ms") and native_steady.get(r["round"])]
+            steady_text = "-" if not steady else f"{statistics.median(steady):.1f}"
+            if steady_ratios and label != "native":
+                steady_text += (f", {statistics.median(steady_ratios):.2f}x; "
+                                f"{sum(x < 1 for x in steady_ratios)} of {len(steady_ratios)}")
             peaks = [r["peak"] for r in ok if r.get("peak") is not None]
             peak = f"{fmt_gib(min(peaks))}-{fmt_gib(max(peaks))}" if peaks else "-"
             same = ("-" if not ok or not native_sums else
                     "yes" if all(r.get("checksum") in native_sums for r in ok) else "NO")
             med_text = "-" if med is None else f"{med:.1f}"
             lines.append(f"  {label:<12} {per_round} | {med_text} | {ratio} | "
-                         f"{peak} | {same}")
+                         f"{steady_text} | {peak} | {same}")
     return "\n".join(lines)
 
 
@@ -225,6 +253,7 @@ def main(argv):
         f.write(text + "\n")
     with open(os.path.join(args.outdir, "rounds.json"), "w") as f:
         json.dump({"steps": steps, "rounds": args.rounds, "cpus": args.cpus,
+                   "warmup_steps": args.warmup_steps,
                    "results": results}, f, indent=1)
     return 0 if all(r.get("status") == "ok" for r in results) else 1
 

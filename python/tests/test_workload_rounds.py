@@ -1,7 +1,8 @@
 """gpu/workloads/rounds.py on a stand-in workload (no GPU, no PyTorch): the allocators take
 turns round after round (each round starting one allocator later), pinned to the CPUs asked
 for, and the table gives each one's steps per round, their median, the median of its per-round
-ratios to native's, its device peak range and whether the losses are native's."""
+ratios to native's, the same for the steps after the warm-up (from the runs' step lines), its
+device peak range and whether the losses are native's."""
 
 import json
 import os
@@ -30,6 +31,10 @@ STAND_IN = textwrap.dedent(
         raise SystemExit(3)
     step = {"native": 10.0, "expandable": 9.0, "preload": 12.0, "rmm": 11.0}[a.mode]
     peak = {"native": 4, "expandable": 3, "preload": 2, "rmm": 5}[a.mode] << 30
+    # 12 step lines, the first 7 twice as slow (a pool growing): the median of every step is
+    # the slow one, after step 10 the steady one.
+    for i in range(12):
+        print(f"step {i:3d} loss 1.000000 ms {step * (2 if i < 7 else 1):8.2f}")
     with open(a.out_json + ".env", "w") as f:
         json.dump({"cpus": sorted(os.sched_getaffinity(0)),
                    "allocator": os.environ.get("WORKLOAD_ALLOCATOR"),
@@ -65,11 +70,13 @@ def test_rounds_table(tmp_path):
     done, out = run_rounds(tmp_path)
     assert done.returncode == 1, "a failed run makes the exit status 1"
     table = (out / "table.txt").read_text()
-    assert row(table, "native").split("|")[1:] == [" 10.0 ", " - ", " 4.00-4.00 ", " yes"]
-    assert "0.90x; 2 of 2" in row(table, "expandable")
+    assert row(table, "native").split("|")[1:] == [" 10.0 ", " - ", " 10.0 ", " 4.00-4.00 ",
+                                                   " yes"]
+    assert row(table, "expandable").split("|")[2:4] == [" 0.90x; 2 of 2 ", " 9.0, 0.90x; 2 of 2 "]
     same = row(table, "same")
     assert same.startswith("  same         12.0 / 12.0 |")
-    assert same.split("|")[1:] == [" 12.0 ", " 1.20x; 0 of 2 ", " 2.00-2.00 ", " yes"]
+    assert same.split("|")[1:] == [" 12.0 ", " 1.20x; 0 of 2 ", " 12.0, 1.20x; 0 of 2 ",
+                                   " 2.00-2.00 ", " yes"]
     assert row(table, "differs").endswith("| NO")
     assert "no result" in row(table, "fails")
     results = json.loads((out / "rounds.json").read_text())["results"]
@@ -93,8 +100,18 @@ def test_runs_are_pinned_and_rmm_gets_its_environment(tmp_path):
         if result.name.startswith("rmm."):
             assert env["allocator"] == "rmm" and env["rmm_initial"] == "1048576"
     rmm_row = row((out / "table.txt").read_text(), "rmm")
-    assert rmm_row.split("|")[1:] == [" 11.0 ", " 1.10x; 0 of 2 ", " 5.00-5.00 ", " yes"]
+    assert rmm_row.split("|")[1:] == [" 11.0 ", " 1.10x; 0 of 2 ", " 11.0, 1.10x; 0 of 2 ",
+                                      " 5.00-5.00 ", " yes"]
     assert json.loads((out / "rounds.json").read_text())["cpus"] == str(cpu)
+
+
+def test_the_steady_column_leaves_out_the_warm_up_steps(tmp_path):
+    # Every step counted: 7 of 12 at twice the step, so the median is the slow one.
+    _, out = run_rounds(tmp_path, "--warmup-steps", "0")
+    assert row((out / "table.txt").read_text(), "native").split("|")[3] == " 20.0 "
+    # More warm-up steps than the runs logged: no steady figure.
+    _, out = run_rounds(tmp_path, "--warmup-steps", "12")
+    assert row((out / "table.txt").read_text(), "native").split("|")[3] == " - "
 
 
 def test_cpus_not_available_are_a_usage_error(tmp_path):

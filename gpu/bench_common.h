@@ -89,9 +89,10 @@ bool available(cudaStream_t s) {
   return true;
 }
 
-// (a) One size, allocated and freed again and again: the cache-hit path.
+// (a) One size, allocated and freed again and again: the cache-hit path. `label` names the
+// row (the same loop on a default stream is reported as its own row).
 template <class A>
-void latency_same(size_t size, cudaStream_t s) {
+void latency_same(size_t size, cudaStream_t s, const char *label = "latency_same") {
   Costs c = A::costs();
   int batch = c.batch, repeats = c.repeats;
   if (size >= (64u << 20) && batch == 1) repeats = 50;
@@ -112,8 +113,8 @@ void latency_same(size_t size, cudaStream_t s) {
     per_pair.push_back((now_ns() - t0) / batch);
   }
   Summary m = summarize(per_pair);
-  printf("BENCH latency_same %s %zu median_ns=%.1f p99_ns=%.1f min_ns=%.1f batch=%d repeats=%d\n",
-         A::name(), size, m.median, m.p99, m.min, batch, repeats);
+  printf("BENCH %s %s %zu median_ns=%.1f p99_ns=%.1f min_ns=%.1f batch=%d repeats=%d\n",
+         label, A::name(), size, m.median, m.p99, m.min, batch, repeats);
   fflush(stdout);
 }
 
@@ -234,6 +235,9 @@ void run_all(const std::vector<int> &thread_counts) {
   if (!available<A>(s)) return;
   const size_t sizes[] = {512, 64u << 10, 1u << 20, 64u << 20};
   for (size_t n : sizes) latency_same<A>(n, s);
+  // The same loop on the default streams programs use most (PyTorch's and CuPy's is NULL).
+  latency_same<A>(512, (cudaStream_t)0, "latency_null");
+  latency_same<A>(512, cudaStreamLegacy, "latency_legacy");
   latency_mixed<A>(s);
   const size_t lives[] = {10, 1000, 100000};
   for (size_t n : lives) live_blocks<A>(n, s);

@@ -22,7 +22,11 @@
 //! blocks the new one must not take without a fence: exactly what the count prevents.
 //!
 //! Without the interposer (the API library alone) creations are not seen, and every call
-//! asks the driver.
+//! naming a stream the program created asks the driver. The default handles are the
+//! exception: NULL, `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` name a context's (or, per
+//! thread, a thread's) default stream, which lives as long as the context, and no creation
+//! can make them name another. Their entries are kept whoever reports creations: PyTorch's
+//! and CuPy's default stream is NULL, and so is a C program's that passes 0.
 
 use crate::backend::{Backend, BackendResult, ContextId, StreamHandle, StreamId};
 use core::cell::Cell;
@@ -32,6 +36,15 @@ use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 static CREATIONS_SEEN: AtomicBool = AtomicBool::new(false);
 /// Stream creations counted so far, plus one (0 marks an empty entry).
 static CREATIONS: AtomicU64 = AtomicU64::new(1);
+/// The creation count of an entry for a default handle: valid at any count.
+const ANY_COUNT: u64 = u64::MAX;
+
+/// Whether `stream` is NULL, `CU_STREAM_LEGACY` (1) or `CU_STREAM_PER_THREAD` (2): a
+/// default stream, which no creation renames (Note [stream id cache]).
+#[inline]
+fn names_a_default_stream(stream: StreamHandle) -> bool {
+    stream <= 2
+}
 
 /// (context, handle) pairs each thread remembers.
 const ENTRIES: usize = 4;
@@ -80,10 +93,13 @@ pub(super) fn stream_id(
     ctx: ContextId,
     stream: StreamHandle,
 ) -> BackendResult<StreamId> {
-    if !CREATIONS_SEEN.load(Ordering::Acquire) {
+    let creations = if names_a_default_stream(stream) {
+        ANY_COUNT
+    } else if CREATIONS_SEEN.load(Ordering::Acquire) {
+        CREATIONS.load(Ordering::Acquire)
+    } else {
         return backend.stream_id(stream);
-    }
-    let creations = CREATIONS.load(Ordering::Acquire);
+    };
     let remembered = CACHE
         .try_with(|entries| {
             entries

@@ -12,7 +12,7 @@ mod host_pool;
 use cupool::backend::host::HostBackend;
 use cupool::backend::StreamHandle;
 use cupool::runtime::{stream_ids, Runtime};
-use host_pool::setup_held;
+use host_pool::{freed_on, renamed_handle_takes_no_old_block, setup_held};
 use std::sync::{Mutex, MutexGuard};
 
 /// A creation reported by one test makes every thread's ids stale: the tests take turns.
@@ -32,28 +32,11 @@ fn reporting_pool() -> (
     (turn, rt, host)
 }
 
-/// A 4 KiB block allocated and freed on `s`.
-fn freed_on(rt: &Runtime, s: StreamHandle) -> u64 {
-    let p = rt.alloc_async(4096, s).unwrap();
-    rt.free_async(p, s).unwrap();
-    p
-}
-
 #[test]
 fn a_handle_that_names_a_new_stream_does_not_get_the_old_streams_blocks() {
     let (_turn, rt, host) = reporting_pool();
-    let s: StreamHandle = 0x7100;
-    let p = freed_on(rt, s);
-    assert_eq!(freed_on(rt, s), p, "same stream: reused at once");
     // The program destroys the stream and creates another, which gets the same handle.
-    host.destroy_stream(s);
-    stream_ids::stream_created();
-    let q = rt.alloc_async(4096, s).unwrap();
-    assert_ne!(
-        q, p,
-        "the new stream took the old stream's block without a fence"
-    );
-    rt.free_async(q, s).unwrap();
+    renamed_handle_takes_no_old_block(rt, host, 0x7100, stream_ids::stream_created);
 }
 
 #[test]

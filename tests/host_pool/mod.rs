@@ -14,6 +14,35 @@ pub fn setup() -> (&'static Runtime, &'static HostBackend, ContextInfo) {
     setup_on(0)
 }
 
+/// A 4 KiB block allocated and freed on `s`; its address.
+pub fn freed_on(rt: &Runtime, s: StreamHandle) -> u64 {
+    let p = rt.alloc_async(4096, s).unwrap();
+    rt.free_async(p, s).unwrap();
+    p
+}
+
+/// With fences held (as [`setup_held`]): a block freed on `s` comes back at once to `s`;
+/// then the stream is destroyed, `created` runs (where a test reports the creation of the
+/// stream that gets the handle next) and `s`, which the backend now gives a new id, must
+/// not get the block without a fence.
+pub fn renamed_handle_takes_no_old_block(
+    rt: &Runtime,
+    host: &HostBackend,
+    s: StreamHandle,
+    created: impl FnOnce(),
+) {
+    let p = freed_on(rt, s);
+    assert_eq!(freed_on(rt, s), p, "same stream: reused at once");
+    host.destroy_stream(s);
+    created();
+    let q = rt.alloc_async(4096, s).unwrap();
+    assert_ne!(
+        q, p,
+        "the new stream took the old stream's block without a fence"
+    );
+    rt.free_async(q, s).unwrap();
+}
+
 /// As [`setup`], with the context's fences held in flight until the test completes them
 /// (`complete_all`, `complete_oldest`): only a same-stream reuse hands a block out again.
 pub fn setup_held() -> (&'static Runtime, &'static HostBackend, ContextInfo) {

@@ -46,6 +46,12 @@ fn setup_with_streams() -> (
 type Host = cupool::backend::host::HostBackend;
 type Ctx = cupool::backend::ContextInfo;
 
+/// Frees `p`, `bytes` long, on S1 and checks that it was parked, not filed.
+fn park_on_s1(rt: &Runtime, ctx: Ctx, p: u64, bytes: usize) {
+    rt.free_async(p, S1).unwrap();
+    assert_eq!(places(rt, ctx).parked, bytes as u64, "parked, not filed");
+}
+
 /// Runs one test case on a pool from [`setup_with_streams`], with the device behind
 /// (fences complete only when the test completes them) when `held`, and checks at the end
 /// that everything goes back.
@@ -93,8 +99,7 @@ fn a_parked_block_goes_to_no_other_stream_and_is_filed_by_the_slow_path() {
     case(true, |rt, _host, ctx| {
         // The device is behind (held): the block freed on S1 may still be in use by S1's work.
         let a = rt.alloc_async(16 * MIB, S1).unwrap();
-        rt.free_async(a, S1).unwrap();
-        assert_eq!(places(rt, ctx).parked, 16 * MIB as u64);
+        park_on_s1(rt, ctx, a, 16 * MIB);
         let b = rt.alloc_async(16 * MIB, S2).unwrap();
         assert_ne!(b, a, "another stream never gets it before a fence");
         let r = places(rt, ctx);
@@ -151,8 +156,7 @@ fn a_parked_block_with_a_free_neighbour_on_its_stream_goes_the_slow_way() {
         assert_eq!(places(rt, ctx).awaiting_fence, 0, "c is shared");
         host.set_manual_completion(ctx.id, true);
         rt.free_async(b, S1).unwrap();
-        rt.free_async(a, S1).unwrap();
-        assert_eq!(places(rt, ctx).parked, 8 * MIB as u64);
+        park_on_s1(rt, ctx, a, 8 * MIB);
         // Filed, `a` would merge with `b` into 16 MiB, and the fit takes the smaller shared
         // block that needs no mapping: what the pool did before blocks were parked.
         let maps = host.counters().vmm_maps;
@@ -176,8 +180,7 @@ fn a_parked_block_with_a_free_neighbour_on_its_stream_goes_the_slow_way() {
 fn statistics_fences_and_empty_cache_see_parked_blocks() {
     case(false, |rt, _host, ctx| {
         let a = rt.alloc_async(32 * MIB, S1).unwrap();
-        rt.free_async(a, S1).unwrap();
-        assert_eq!(places(rt, ctx).parked, 32 * MIB as u64);
+        park_on_s1(rt, ctx, a, 32 * MIB);
         // The statistics count it among the free blocks of its stream.
         let s = rt.context_stats(ctx).unwrap();
         assert_eq!(s.cached_bytes.current, 32 * MIB as u64);
@@ -186,8 +189,7 @@ fn statistics_fences_and_empty_cache_see_parked_blocks() {
         // the release gives everything back.
         let b = rt.alloc_async(32 * MIB, S1).unwrap();
         assert_eq!(b, a);
-        rt.free_async(b, S1).unwrap();
-        assert_eq!(places(rt, ctx).parked, 32 * MIB as u64);
+        park_on_s1(rt, ctx, b, 32 * MIB);
     });
 }
 
@@ -201,8 +203,7 @@ fn a_fence_recorded_before_a_block_was_parked_does_not_free_it_for_other_streams
         let y = rt.alloc(8 * MIB).unwrap();
         let fences = rt.context_stats(ctx).unwrap().fences_recorded;
         assert!(fences > 0, "a fence was recorded");
-        rt.free_async(a, S1).unwrap();
-        assert_eq!(places(rt, ctx).parked, 16 * MIB as u64);
+        park_on_s1(rt, ctx, a, 16 * MIB);
         // That fence completes; S1's work after it (up to the free of `a`) may still run.
         host.complete_all(ctx.id);
         let b = rt.alloc_async(16 * MIB, S2).unwrap();

@@ -25,6 +25,14 @@ pub type HostPtr = u64;
 /// destroyed, so the pool keys streams by [`StreamId`], never by handle.
 pub type StreamHandle = usize;
 
+/// Whether `stream` is NULL, `CU_STREAM_LEGACY` (1) or `CU_STREAM_PER_THREAD` (2): a handle
+/// that stands for a default stream of the current context (per thread for the last), not
+/// for a stream the program created, so no stream creation ever makes it name another.
+#[inline]
+pub fn names_a_default_stream(stream: StreamHandle) -> bool {
+    stream <= 2
+}
+
 /// The identity of a context (for CUDA the `CUcontext` pointer value). Blocks never move
 /// between contexts.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]

@@ -13,13 +13,9 @@
 //! context fence (never by a stream id of another context).
 
 use super::{trace_allocation, BlockInfo, Runtime, Seen};
-use crate::backend::{ContextInfo, DevicePtr, StreamHandle};
+use crate::backend::{names_a_default_stream, ContextInfo, DevicePtr, StreamHandle};
 use crate::status::{CupoolStatus, Result};
 use crate::trace::record;
-
-/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`: handles that, like NULL, stand for a
-/// default stream of the current context.
-const DEFAULT_STREAM_HANDLES: [StreamHandle; 3] = [0, 1, 2];
 
 impl Runtime {
     /// The context a call for `device` runs in, and whether `stream` names a stream there
@@ -36,7 +32,7 @@ impl Runtime {
             .backend
             .device_context(device)
             .map_err(|_| CupoolStatus::CupoolErrorInvalidDevice)?;
-        Ok((ctx, !DEFAULT_STREAM_HANDLES.contains(&stream)))
+        Ok((ctx, !names_a_default_stream(stream)))
     }
 
     /// Stream-ordered allocation of `size` bytes on `device` and `stream` (Note [device of

@@ -28,7 +28,9 @@
 //! can make them name another. Their entries are kept whoever reports creations: PyTorch's
 //! and CuPy's default stream is NULL, and so is a C program's that passes 0.
 
-use crate::backend::{Backend, BackendResult, ContextId, StreamHandle, StreamId};
+use crate::backend::{
+    names_a_default_stream, Backend, BackendResult, ContextId, StreamHandle, StreamId,
+};
 use core::cell::Cell;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -38,13 +40,6 @@ static CREATIONS_SEEN: AtomicBool = AtomicBool::new(false);
 static CREATIONS: AtomicU64 = AtomicU64::new(1);
 /// The creation count of an entry for a default handle: valid at any count.
 const ANY_COUNT: u64 = u64::MAX;
-
-/// Whether `stream` is NULL, `CU_STREAM_LEGACY` (1) or `CU_STREAM_PER_THREAD` (2): a
-/// default stream, which no creation renames (Note [stream id cache]).
-#[inline]
-fn names_a_default_stream(stream: StreamHandle) -> bool {
-    stream <= 2
-}
 
 /// (context, handle) pairs each thread remembers.
 const ENTRIES: usize = 4;

@@ -347,8 +347,13 @@ impl Arena {
     /// and not releasable while a block outside the shared index touches them). Mostly its
     /// end granules: a granule wholly inside one free shared block has no pin, unless a
     /// block drained by a device wait still holds it (Note [device waits]).
+    ///
+    /// Only granules below [`Arena::top`] are looked at: a pinned granule is mapped, and
+    /// none is mapped from `top` on. The free block at the end of the arena spans the rest
+    /// of its reserved range (1 TiB and more), and every statistics read asks about it.
     pub fn pinned_bytes(&self, ptr: u64, size: u64) -> u64 {
-        self.granules(ptr, size)
+        let granules = self.granules(ptr, size);
+        (*granules.start()..(*granules.end() + 1).min(self.top))
             .filter(|&g| self.pins[g] > 0)
             .map(|g| {
                 let start = self.address(g).max(ptr);

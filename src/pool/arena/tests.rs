@@ -201,3 +201,32 @@ fn take_all_unused_leaves_only_pinned_memory() {
     assert_eq!(a.chunk_counts(), (1, 1));
     assert_eq!(a.mapped_runs(), vec![(a.base, 2 * G)]);
 }
+
+#[test]
+fn pinned_bytes_of_a_free_block_reaching_past_the_mapped_part() {
+    const MIB: u64 = 1 << 20;
+    let mut a = arena();
+    let end = a.base + a.size;
+    // Granules 0..=3 mapped; a live block over [1 MiB, 7 MiB) pins all four.
+    map_new(&mut a, 0, 4, 1);
+    assert_eq!(a.top, 4);
+    a.pin(a.base + MIB, 6 * MIB);
+    // The free block after it, to the end of the range, shares granule 3: 1 MiB of it.
+    assert_eq!(
+        a.pinned_bytes(a.base + 7 * MIB, end - a.base - 7 * MIB),
+        MIB
+    );
+    // Past the top nothing is pinned.
+    assert_eq!(a.pinned_bytes(a.address(4), end - a.address(4)), 0);
+    // The top moves with a mapping: a live block of half of granule 6, mapped, leaves the
+    // free block after it the other half pinned.
+    map_new(&mut a, 6, 1, 2);
+    a.pin(a.address(6), G / 2);
+    let after = a.address(6) + G / 2;
+    assert_eq!(a.pinned_bytes(after, end - after), G / 2);
+    assert_eq!(
+        a.pinned_bytes(a.address(4), 2 * G),
+        0,
+        "granules 4 and 5: not pinned"
+    );
+}

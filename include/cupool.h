@@ -752,15 +752,18 @@ cupool_status cupool_segments_json(int device, char *buf, size_t buf_len, size_t
  * Writes where the reserved bytes of `device`'s pool (-1: every device's) are now and
  * where they were when they were highest since the last peak reset, as one JSON object and
  * a NUL, into `buf`, which the caller owns:
- * `{"devices": [{"device", "now": {..}, "at_peak": {..} or null}]}`. Each footprint has
- * `reserved_bytes`, the bytes of each place they can be (`in_use_bytes`,
+ * `{"devices": [{"device", "now": {..}, "at_peak": {..} or null, "vmm": {..}}]}`. Each
+ * footprint has `reserved_bytes`, the bytes of each place they can be (`in_use_bytes`,
  * `awaiting_fence_bytes`, `stream_only_bytes`, `arena_hole_ends_bytes`,
  * `arena_in_busy_chunks_bytes`, `arena_stealable_bytes`, `arena_idle_bytes`,
  * `segments_partly_free_bytes`, `segments_free_bytes`, `other_bytes`: in threads'
  * caches), which add up to `reserved_bytes`, and `segments_free` (a count). `at_peak` is
  * taken when a growth leaves the reserved bytes more than 1/64 above the last one taken
  * (so within 1.6% of the peak; its `reserved_bytes` says where), and is null until the
- * pool grows. The keys are those of `cupool replay`'s `at_peak`.
+ * pool grows. The keys are those of `cupool replay`'s `at_peak`. `vmm` counts the VMM
+ * arena's work so far (granules mapped and unmapped, the driver calls that took and the
+ * time in them, `create_ns`, `map_ns`, `unmap_ns`, `release_ns`; all zero without an
+ * arena), so the mapping work of a stretch of a run is the difference of two readings.
  *
  * Buffer rules as for `cupool_stats_json`.
  *

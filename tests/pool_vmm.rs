@@ -534,6 +534,23 @@ fn the_footprint_at_the_peak_outlives_the_peak() {
         )),
         "{text}"
     );
+    // The arena's mapping work so far, as `vmm_stats` counts it.
+    let vmm = pool.vmm_stats();
+    assert!(vmm.map_calls > 0, "{vmm:?}");
+    assert!(
+        text.contains(&format!(
+            "\"vmm\":{{\"enabled\":true,\"range_bytes\":{},\"mapped_bytes\":{},",
+            vmm.range_bytes, vmm.mapped_bytes
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "\"maps\":{},\"unmaps\":{},\"map_calls\":{},\"unmap_calls\":{},",
+            vmm.maps, vmm.unmaps, vmm.map_calls, vmm.unmap_calls
+        )),
+        "{text}"
+    );
     assert_eq!(
         unsafe {
             cupool::ffi::device::cupool_footprint_json(

@@ -11,7 +11,9 @@ way:
 - PyTorch's own peaks (`max_memory_reserved`/`max_memory_allocated` and a few counters from
   `memory_stats`) when PyTorch's caching allocator is in use (modes `native`, `expandable`);
 - cupool's stats (`cupool_stats_json` through ctypes) when the process runs under
-  `libcupool_preload.so` (mode `preload`);
+  `libcupool_preload.so` (mode `preload`), and what its counts (allocations, misses, driver
+  allocations, fences, waits, the VMM arena's mappings) did in each step
+  (`cupool_step_counts`, one dict per step of the counts that moved);
 - in `native` mode with `--snapshot`, PyTorch's memory history as a snapshot pickle (gzip),
   the trace cupool replays.
 
@@ -356,6 +358,37 @@ def cupool_stats():
     return cupool_json("cupool_stats_json")
 
 
+# cupool's monotonic counts read at every step's end, so a stretch of steps (after the
+# warm-up, say) can be told apart from the run's totals: what the pool did per step.
+STEP_COUNT_KEYS = (
+    "num_allocs", "cache_misses", "device_allocs", "device_frees", "alloc_retries",
+    "fences_recorded", "fence_queries", "grow_waits", "grow_wait_us", "fence_device_waits",
+)
+# The VMM arena's counts (`cupool_footprint_json`'s `vmm`), prefixed `vmm_`.
+VMM_COUNT_KEYS = ("maps", "unmaps", "map_calls", "unmap_calls", "create_ns", "map_ns",
+                  "unmap_ns", "release_ns")
+
+
+def cupool_counts(stats, devices):
+    """cupool's monotonic counts as one flat dict of ints: `stats` is `cupool_stats_json`'s
+    dict, `devices` `cupool_footprint_json`'s `devices` list (its `vmm` objects, summed over
+    devices; a library without them gives no `vmm_` keys). None when either is missing."""
+    if not isinstance(stats, dict) or "error" in stats or not isinstance(devices, list):
+        return None
+    out = {k: int(stats[k]) for k in STEP_COUNT_KEYS if k in stats}
+    for d in devices:
+        vmm = d.get("vmm")
+        if isinstance(vmm, dict):
+            for k in VMM_COUNT_KEYS:
+                out["vmm_" + k] = out.get("vmm_" + k, 0) + int(vmm.get(k, 0))
+    return out
+
+
+def count_deltas(before, after):
+    """The counts that moved from `before` to `after` (dicts of ints), as a dict."""
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
 TORCH_STAT_KEYS = (
     "reserved_bytes.all.peak", "allocated_bytes.all.peak", "requested_bytes.all.peak",
     "active_bytes.all.peak", "inactive_split_bytes.all.peak", "segment.all.peak",
@@ -487,6 +520,10 @@ class Harness:
         self.notes = []
         self._t0 = None
         self.wall_start = time.perf_counter()
+        # cupool's counts at the last step's end, and what moved in each step (a list of
+        # dicts, `cupool_step_counts` in the result); None while no cupool is in use.
+        self._counts = None
+        self.step_counts = []
 
         torch.manual_seed(args.seed)
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -520,6 +557,8 @@ class Harness:
             self.monitor.start()
 
     def step_begin(self):
+        if not self.step_ms:
+            self._counts = self.cupool_counts()
         self._t0 = time.perf_counter()
 
     def step_end(self, loss, detail=""):
@@ -529,6 +568,12 @@ class Harness:
         self.step_ms.append(ms)
         self.losses.append(float(loss))
         print(f"step {len(self.losses) - 1:3d} loss {float(loss):.6f} ms {ms:8.2f} {detail}")
+        # Read after the step's time is taken, so reading costs the step nothing.
+        if self._counts is not None:
+            now = self.cupool_counts()
+            if now is not None:
+                self.step_counts.append(count_deltas(self._counts, now))
+                self._counts = now
 
     def result(self, status, extra=None, error=None):
         if status == "ok":
@@ -551,6 +596,7 @@ class Harness:
             "torch": torch_allocator_stats(self.device_index, self.mode == "expandable"),
             "cupool": self.cupool_stats(),
             "cupool_footprint": self.cupool_footprint(),
+            "cupool_step_counts": self.step_counts if self._counts is not None else None,
             "allocator": self.allocator,
             "env": {k: os.environ.get(k) for k in (
                 "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
@@ -571,6 +617,17 @@ class Harness:
         if self.mode == "cupool":
             import cupool
             return cupool.stats()
+        return None
+
+    def cupool_counts(self):
+        """cupool's monotonic counts now ([`cupool_counts`]), or None without cupool."""
+        if self.mode == "preload" or preload_active():
+            footprint = cupool_json("cupool_footprint_json")
+            return cupool_counts(cupool_stats(), (footprint or {}).get("devices"))
+        if self.mode == "cupool":
+            import cupool
+            from cupool import _stats
+            return cupool_counts(_stats.raw_stats(None), cupool.footprint())
         return None
 
     def cupool_footprint(self):

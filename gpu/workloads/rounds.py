@@ -19,7 +19,11 @@ per-round ratios to native's step (each round's run against native's run of the 
 with the number of rounds below native, the same for the steps after the first
 `--warmup-steps` (from each run's step lines: an allocator that pays while its pool grows
 shows it in the first and not in the second), the device peak range (NVML, above the value
-once the context existed) and whether the losses are bit-identical to native's.
+once the context existed) and whether the losses are bit-identical to native's. Under each
+cupool library it then gives what the pool did per step after the warm-up (the mean per step
+of each count in the run's `cupool_step_counts`, median over rounds): misses, driver
+allocations, fences, waits before growing, the VMM arena's map and unmap calls and their
+driver time.
 
 Writes OUTDIR/LABEL.WORKLOAD.rROUND.json (each run's result JSON), OUTDIR/logs/, and
 OUTDIR/rounds.json; prints the table (also OUTDIR/table.txt). Exit status 0 when every run
@@ -148,6 +152,16 @@ def steady_median(out_log, warmup):
     return statistics.median(ms[warmup:]) if len(ms) > warmup else None
 
 
+def steady_counts(step_counts, warmup):
+    """cupool's counts per step after the first `warmup` steps (the mean of each count over
+    those steps, from the result's `cupool_step_counts`); None without them."""
+    if not isinstance(step_counts, list) or len(step_counts) <= warmup:
+        return None
+    after = step_counts[warmup:]
+    keys = sorted({k for d in after for k in d})
+    return {k: sum(d.get(k, 0) for d in after) / len(after) for k in keys}
+
+
 def run(args, steps, modes):
     os.makedirs(os.path.join(args.outdir, "logs"), exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if k not in (
@@ -190,7 +204,9 @@ def run(args, steps, modes):
                     rec.update(status=res.get("status"), step_ms=res.get("step_ms_median"),
                                peak=res.get("device_peak_bytes"),
                                checksum=res.get("loss_checksum"),
-                               cupool=res.get("cupool"))
+                               cupool=res.get("cupool"),
+                               steady_counts=steady_counts(res.get("cupool_step_counts"),
+                                                           args.warmup_steps))
                 except (OSError, ValueError) as err:
                     rec["status"] = f"no result ({err.__class__.__name__})"
                 results.append(rec)
@@ -241,7 +257,27 @@ def table(results, args, modes):
             med_text = "-" if med is None else f"{med:.1f}"
             lines.append(f"  {label:<12} {per_round} | {med_text} | {ratio} | "
                          f"{steady_text} | {peak} | {same}")
+        lines.extend(counts_lines(mine, modes, args.warmup_steps))
     return "\n".join(lines)
+
+
+def counts_lines(runs, modes, warmup):
+    """For each cupool allocator, what its pool did per step after the warm-up: the median
+    over rounds of each count's mean per step (counts that never moved left out)."""
+    out = []
+    for label, *_ in modes:
+        per_run = [r["steady_counts"] for r in runs
+                   if r["label"] == label and r.get("status") == "ok" and r.get("steady_counts")]
+        if not per_run:
+            continue
+        keys = sorted({k for c in per_run for k in c})
+        text = ", ".join(f"{k} {statistics.median(c.get(k, 0) for c in per_run):.4g}"
+                         for k in keys)
+        if not out:
+            out.append(f"  cupool's counts per step after step {warmup} (median over "
+                       f"rounds):")
+        out.append(f"  {label:<12} {text or 'none moved'}")
+    return out
 
 
 def main(argv):

@@ -40,9 +40,15 @@ STAND_IN = textwrap.dedent(
                    "allocator": os.environ.get("WORKLOAD_ALLOCATOR"),
                    "rmm_initial": os.environ.get("WORKLOAD_RMM_INITIAL_POOL")}, f)
     losses = [1.0, 0.6] if conf == "other_losses:1" else [1.0, 0.5]
+    # cupool's counts per step: waits in the 7 slow steps, two map calls every other step.
+    counts = None
+    if a.mode == "preload":
+        counts = [dict({"num_allocs": 100}, **({"grow_waits": 1} if i < 7 else {}),
+                       **({"vmm_map_calls": 2} if i % 2 else {})) for i in range(12)]
     with open(a.out_json, "w") as f:
         json.dump({"status": "ok", "step_ms_median": step, "device_peak_bytes": peak,
-                   "loss_checksum": repr(losses), "cupool": None}, f)
+                   "loss_checksum": repr(losses), "cupool": None,
+                   "cupool_step_counts": counts}, f)
     """
 )
 
@@ -112,6 +118,46 @@ def test_the_steady_column_leaves_out_the_warm_up_steps(tmp_path):
     # More warm-up steps than the runs logged: no steady figure.
     _, out = run_rounds(tmp_path, "--warmup-steps", "12")
     assert row((out / "table.txt").read_text(), "native").split("|")[3] == " - "
+
+
+def counts_row(table, label):
+    head = table.index("cupool's counts per step")
+    return row(table[head:], label)
+
+
+def test_the_pools_counts_per_step_leave_out_the_warm_up_steps(tmp_path):
+    _, out = run_rounds(tmp_path)
+    table = (out / "table.txt").read_text()
+    assert "cupool's counts per step after step 10 (median over rounds):" in table
+    # Steps 10 and 11: 100 allocations each, map calls in one of the two, no wait.
+    assert counts_row(table, "same") == "  same         num_allocs 100, vmm_map_calls 1"
+    assert counts_row(table, "differs") == "  differs      num_allocs 100, vmm_map_calls 1"
+    assert "native " not in table[table.index("cupool's counts"):], "no cupool, no counts"
+    _, out = run_rounds(tmp_path, "--warmup-steps", "0")
+    assert counts_row((out / "table.txt").read_text(), "same") == (
+        "  same         grow_waits 0.5833, num_allocs 100, vmm_map_calls 1")
+
+
+def test_counts_come_from_the_stats_and_the_footprints_vmm(monkeypatch):
+    sys.path.insert(0, str(REPO / "gpu" / "workloads"))
+    try:
+        import common
+    finally:
+        sys.path.pop(0)
+    stats = {"num_allocs": 5, "grow_waits": 1, "allocated_bytes": {"current": 1, "peak": 2},
+             "version": 5}
+    devices = [{"device": 0, "vmm": {"map_calls": 3, "map_ns": 900, "enabled": True}},
+               {"device": 1, "vmm": {"map_calls": 4, "map_ns": 100}}]
+    counts = common.cupool_counts(stats, devices)
+    assert counts["num_allocs"] == 5 and counts["grow_waits"] == 1
+    assert counts["vmm_map_calls"] == 7 and counts["vmm_map_ns"] == 1000
+    assert "version" not in counts and "allocated_bytes" not in counts
+    # A library whose footprint has no `vmm`: the stats' counts alone.
+    assert common.cupool_counts(stats, [{"device": 0}]) == {"num_allocs": 5, "grow_waits": 1}
+    assert common.cupool_counts({"error": "x"}, devices) is None
+    assert common.cupool_counts(stats, None) is None
+    later = dict(counts, num_allocs=9)
+    assert common.count_deltas(counts, later) == {"num_allocs": 4}
 
 
 def test_cpus_not_available_are_a_usage_error(tmp_path):

@@ -361,6 +361,26 @@ pub struct VmmStats {
 }
 
 impl VmmStats {
+    /// One JSON object: the counts above and the driver time by call, in ns
+    /// (`create_ns`, `map_ns`, `unmap_ns`, `release_ns`), so a program can read the mapping
+    /// work of a stretch of its run as the difference of two readings.
+    pub fn to_json(&self) -> String {
+        let [create, map, unmap, release] = self.call_ns;
+        format!(
+            "{{\"enabled\":{},\"range_bytes\":{},\"mapped_bytes\":{},\"idle_bytes\":{},\"maps\":{},\"unmaps\":{},\"map_calls\":{},\"unmap_calls\":{},\"mapped_chunks\":{},\"held_chunks\":{},\"create_ns\":{create},\"map_ns\":{map},\"unmap_ns\":{unmap},\"release_ns\":{release}}}",
+            self.enabled,
+            self.range_bytes,
+            self.mapped_bytes,
+            self.idle_bytes,
+            self.maps,
+            self.unmaps,
+            self.map_calls,
+            self.unmap_calls,
+            self.mapped_chunks,
+            self.held_chunks,
+        )
+    }
+
     /// One line for the exit summary.
     pub fn to_line(&self) -> String {
         let ms = |ns: u64| ns as f64 / 1e6;

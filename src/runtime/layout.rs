@@ -18,6 +18,7 @@
 use super::Runtime;
 use crate::backend::DevicePtr;
 use crate::pool::block::{SegmentKind, TAG_ALLOCATED};
+use crate::pool::vmm::VmmStats;
 use crate::pool::{handover, Containing, DevicePool, Footprint, ADDRESSES, BLOCKS};
 use crate::status::Result;
 use core::fmt::Write;
@@ -300,6 +301,8 @@ pub struct DeviceFootprint {
     pub now: Footprint,
     /// `None` when the pool has not grown since the last peak reset.
     pub at_peak: Option<Footprint>,
+    /// The VMM arena's mapping work so far (all zero without an arena).
+    pub vmm: VmmStats,
 }
 
 impl Runtime {
@@ -311,6 +314,7 @@ impl Runtime {
                 device: p.ctx.device,
                 now: p.footprint(),
                 at_peak: p.footprint_at_peak(),
+                vmm: p.vmm_stats(),
             })
             .collect();
         all.sort_by_key(|f| f.device);
@@ -318,8 +322,9 @@ impl Runtime {
     }
 }
 
-/// `{"devices":[{"device":N,"now":{..},"at_peak":{..}|null}]}`, each footprint as
-/// [`Footprint::to_json`] writes it (`cupool_footprint_json`).
+/// `{"devices":[{"device":N,"now":{..},"at_peak":{..}|null,"vmm":{..}}]}`, each
+/// footprint as [`Footprint::to_json`] writes it and `vmm` as [`VmmStats::to_json`]
+/// (`cupool_footprint_json`).
 pub fn footprints_json(all: &[DeviceFootprint]) -> String {
     let mut out = String::from("{\"devices\":[");
     for (i, f) in all.iter().enumerate() {
@@ -331,9 +336,10 @@ pub fn footprints_json(all: &[DeviceFootprint]) -> String {
             .map_or_else(|| "null".to_string(), |p| p.to_json());
         let _ = write!(
             out,
-            "{{\"device\":{},\"now\":{},\"at_peak\":{at_peak}}}",
+            "{{\"device\":{},\"now\":{},\"at_peak\":{at_peak},\"vmm\":{}}}",
             f.device,
-            f.now.to_json()
+            f.now.to_json(),
+            f.vmm.to_json()
         );
     }
     out.push_str("]}");

@@ -72,7 +72,22 @@ def parser(description):
                    help="NVML sampling period of the device-peak thread")
     p.add_argument("--dry-run", action="store_true",
                    help="print the shapes the seed draws and exit (no GPU needed)")
+    p.add_argument("--kernel-time", default=None, metavar="FIRST:COUNT",
+                   help="trace the GPU's work in steps FIRST..FIRST+COUNT-1 (torch.profiler, "
+                        "CUDA activity only) and report its time per step beside the steps' "
+                        "wall time (kernel_time in the result): tells whether an allocator "
+                        "slows the GPU's work or the host's")
     return p
+
+
+def parse_kernel_time(text):
+    """`FIRST:COUNT` of --kernel-time as (first, count), or None."""
+    if text is None:
+        return None
+    first, _, count = text.partition(":")
+    if not (first.isdigit() and count.isdigit() and int(count) > 0):
+        raise SystemExit(f"--kernel-time wants FIRST:COUNT, got {text!r}")
+    return int(first), int(count)
 
 
 def preload_active():
@@ -524,6 +539,9 @@ class Harness:
         # dicts, `cupool_step_counts` in the result); None while no cupool is in use.
         self._counts = None
         self.step_counts = []
+        self.kernel_steps = parse_kernel_time(getattr(args, "kernel_time", None))
+        self._profiler = None
+        self.kernel_time = None
 
         torch.manual_seed(args.seed)
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -559,6 +577,10 @@ class Harness:
     def step_begin(self):
         if not self.step_ms:
             self._counts = self.cupool_counts()
+        if self.kernel_steps and len(self.step_ms) == self.kernel_steps[0]:
+            self._profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CUDA])
+            self._profiler.__enter__()
         self._t0 = time.perf_counter()
 
     def step_end(self, loss, detail=""):
@@ -568,6 +590,8 @@ class Harness:
         self.step_ms.append(ms)
         self.losses.append(float(loss))
         print(f"step {len(self.losses) - 1:3d} loss {float(loss):.6f} ms {ms:8.2f} {detail}")
+        if self._profiler is not None and len(self.step_ms) == sum(self.kernel_steps):
+            self._finish_kernel_time()
         # Read after the step's time is taken, so reading costs the step nothing.
         if self._counts is not None:
             now = self.cupool_counts()
@@ -597,6 +621,7 @@ class Harness:
             "cupool": self.cupool_stats(),
             "cupool_footprint": self.cupool_footprint(),
             "cupool_step_counts": self.step_counts if self._counts is not None else None,
+            "kernel_time": self.kernel_time,
             "allocator": self.allocator,
             "env": {k: os.environ.get(k) for k in (
                 "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
@@ -618,6 +643,23 @@ class Harness:
             import cupool
             return cupool.stats()
         return None
+
+    def _finish_kernel_time(self):
+        """Stops the profiler of --kernel-time; the GPU's time per step (every kernel, copy
+        and memset it ran, µs summed) beside the same steps' wall time."""
+        prof, self._profiler = self._profiler, None
+        prof.__exit__(None, None, None)
+        first, count = self.kernel_steps
+        device_us = 0.0
+        for e in prof.key_averages():
+            device_us += getattr(e, "self_device_time_total",
+                                 getattr(e, "self_cuda_time_total", 0.0))
+        self.kernel_time = {"first_step": first, "steps": count,
+                            "device_ms_per_step": device_us / 1e3 / count,
+                            "wall_ms_per_step": sum(self.step_ms[first:first + count]) / count}
+        print(f"kernel time, steps {first}-{first + count - 1}: device "
+              f"{self.kernel_time['device_ms_per_step']:.2f} ms a step, wall "
+              f"{self.kernel_time['wall_ms_per_step']:.2f} ms")
 
     def cupool_counts(self):
         """cupool's monotonic counts now ([`cupool_counts`]), or None without cupool."""

@@ -160,6 +160,25 @@ def test_counts_come_from_the_stats_and_the_footprints_vmm(monkeypatch):
     assert common.count_deltas(counts, later) == {"num_allocs": 4}
 
 
+def test_kernel_time_takes_first_and_count():
+    sys.path.insert(0, str(REPO / "gpu" / "workloads"))
+    try:
+        import common
+    finally:
+        sys.path.pop(0)
+    assert common.parse_kernel_time(None) is None
+    assert common.parse_kernel_time("20:10") == (20, 10)
+    for bad in ("20", "20:0", "a:3", "-1:3", "3:"):
+        try:
+            common.parse_kernel_time(bad)
+        except SystemExit as e:
+            assert "--kernel-time wants FIRST:COUNT" in str(e)
+        else:
+            raise AssertionError(f"{bad!r} accepted")
+    args = common.parser("x").parse_args(["--kernel-time", "5:2"])
+    assert args.kernel_time == "5:2"
+
+
 def test_cpus_not_available_are_a_usage_error(tmp_path):
     done, _ = run_rounds(tmp_path, "--cpus", str(max(os.sched_getaffinity(0)) + 1))
     assert done.returncode == 2

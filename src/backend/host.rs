@@ -11,7 +11,7 @@
 //! Here: the simulated devices, memory, streams and events (the [`Backend`] calls);
 //! `controls`: what tests and the replay use to hold events in flight or run the device
 //! behind; `faults`: injected failures; `pages`: the host mappings; `pinned`: page-locked
-//! memory.
+//! memory; `vmm`: the simulated virtual memory management (Note [host vmm]).
 
 use super::{
     Backend, BackendError, BackendResult, ContextId, ContextInfo, DevicePtr, EventHandle, HostPtr,
@@ -26,11 +26,10 @@ mod controls;
 mod faults;
 mod pages;
 mod pinned;
-use pages::{
-    map_device_memory, map_granules, release_address_space, reserve_address_space,
-    unmap_device_memory, unmap_granules,
-};
+mod vmm;
+use pages::{map_device_memory, release_address_space, reserve_address_space, unmap_device_memory};
 pub use pinned::HostPinnedCounters;
+use vmm::HostVmm;
 
 /// Devices the host backend pretends to have.
 pub const HOST_DEVICES: i32 = 2;
@@ -94,31 +93,6 @@ struct State {
     fail_next_release: Option<BackendError>,
     /// Simulated virtual memory management (Note [host vmm]).
     vmm: HostVmm,
-}
-
-/// Note [host vmm]: a reservation is an anonymous `PROT_NONE`, `MAP_NORESERVE` mapping
-/// (address space only); mapping a granule makes its pages readable and writable
-/// (`mprotect`), unmapping drops its pages (`madvise(MADV_DONTNEED)`) and makes them
-/// inaccessible again, so a program touching unmapped pool memory faults as on a GPU.
-/// Physical granules are counted against the device's capacity like allocations. The
-/// contents of a granule do not follow it to a new address (no program may rely on the
-/// contents of memory it freed). Every call is checked strictly (a granule mapped twice,
-/// a handle released while mapped, a range freed with mappings in it are errors), so the
-/// pool's tests catch misuse the driver would also reject.
-#[derive(Default)]
-struct HostVmm {
-    /// Reservation base → (bytes, device).
-    ranges: HashMap<u64, (u64, i32)>,
-    /// Physical handle → (device, bytes, where it is mapped).
-    handles: HashMap<u64, (i32, u64, Option<u64>)>,
-    /// Mapped address → (handle, bytes).
-    mappings: HashMap<u64, (u64, u64)>,
-    next_handle: u64,
-    creates: u64,
-    releases: u64,
-    maps: u64,
-    unmaps: u64,
-    fail_next_create: Option<BackendError>,
 }
 
 /// Granularity of the host backend's simulated physical memory (the H100's).
@@ -411,16 +385,7 @@ impl Backend for HostBackend {
     }
 
     fn free_range(&self, _ctx: ContextId, ptr: DevicePtr, bytes: u64) -> BackendResult<()> {
-        let mut s = self.state.lock();
-        match s.vmm.ranges.get(&ptr) {
-            Some(&(b, _)) if b == bytes => {}
-            _ => return Err(BackendError::InvalidValue),
-        }
-        if s.vmm.mappings.keys().any(|&a| a >= ptr && a < ptr + bytes) {
-            return Err(BackendError::InvalidValue);
-        }
-        s.vmm.ranges.remove(&ptr);
-        drop(s);
+        self.state.lock().vmm.forget_range(ptr, bytes)?;
         // SAFETY: the reservation was made by reserve_address_space with this size and
         // removed from the table once.
         unsafe { release_address_space(ptr, bytes) };
@@ -432,32 +397,15 @@ impl Backend for HostBackend {
         if bytes == 0 || bytes % HOST_VMM_GRANULE != 0 {
             return Err(BackendError::InvalidValue);
         }
-        let mut s = self.state.lock();
-        if let Some(e) = s.vmm.fail_next_create.take() {
-            return Err(e);
-        }
-        if s.live_bytes[device as usize] + bytes > s.capacity {
-            return Err(BackendError::OutOfMemory);
-        }
-        s.live_bytes[device as usize] += bytes;
-        s.vmm.next_handle += 1;
-        let h = s.vmm.next_handle;
-        s.vmm.handles.insert(h, (device, bytes, None));
-        s.vmm.creates += 1;
-        Ok(h)
+        let s = &mut *self.state.lock();
+        let capacity = s.capacity;
+        s.vmm
+            .create(device, bytes, &mut s.live_bytes[device as usize], capacity)
     }
 
     fn release_physical(&self, _ctx: ContextId, handle: u64) -> BackendResult<()> {
-        let mut s = self.state.lock();
-        match s.vmm.handles.get(&handle) {
-            Some(&(device, bytes, None)) => {
-                s.vmm.handles.remove(&handle);
-                s.live_bytes[device as usize] -= bytes;
-                s.vmm.releases += 1;
-                Ok(())
-            }
-            _ => Err(BackendError::InvalidValue),
-        }
+        let s = &mut *self.state.lock();
+        s.vmm.release(handle, &mut s.live_bytes)
     }
 
     fn map_physical(
@@ -467,44 +415,11 @@ impl Backend for HostBackend {
         bytes: u64,
         handle: u64,
     ) -> BackendResult<()> {
-        let mut s = self.state.lock();
-        let inside = s
-            .vmm
-            .ranges
-            .iter()
-            .any(|(&b, &(n, _))| ptr >= b && ptr + bytes <= b + n);
-        let ok = inside
-            && ptr % HOST_VMM_GRANULE == 0
-            && !s.vmm.mappings.contains_key(&ptr)
-            && matches!(s.vmm.handles.get(&handle), Some(&(_, b, None)) if b == bytes);
-        if !ok {
-            return Err(BackendError::InvalidValue);
-        }
-        // SAFETY: the granule lies inside a reservation of ours and nothing is mapped there.
-        if !unsafe { map_granules(ptr, bytes) } {
-            return Err(BackendError::OutOfMemory);
-        }
-        s.vmm.handles.get_mut(&handle).unwrap().2 = Some(ptr);
-        s.vmm.mappings.insert(ptr, (handle, bytes));
-        s.vmm.maps += 1;
-        Ok(())
+        self.state.lock().vmm.map(ptr, bytes, handle)
     }
 
     fn unmap_physical(&self, _ctx: ContextId, ptr: DevicePtr, bytes: u64) -> BackendResult<()> {
-        let mut s = self.state.lock();
-        match s.vmm.mappings.get(&ptr) {
-            Some(&(_, b)) if b == bytes => {}
-            _ => return Err(BackendError::InvalidValue),
-        }
-        let (handle, _) = s.vmm.mappings.remove(&ptr).unwrap();
-        if let Some(h) = s.vmm.handles.get_mut(&handle) {
-            h.2 = None;
-        }
-        s.vmm.unmaps += 1;
-        // SAFETY: the granule was mapped by map_physical inside a reservation of ours; its
-        // pages are dropped and made inaccessible, the address space stays reserved.
-        unsafe { unmap_granules(ptr, bytes) };
-        Ok(())
+        self.state.lock().vmm.unmap(ptr, bytes)
     }
 
     fn record_context_fence(&self, ctx: ContextId) -> BackendResult<EventHandle> {

@@ -17,7 +17,7 @@
 //! allocates, and a lower bound within one thread's swing under concurrency.
 
 pub mod pinned;
-mod print;
+pub(crate) mod print;
 pub use pinned::{CupoolHostStats, CUPOOL_HOST_STATS_VERSION};
 
 /// Version of [`CupoolStats`] this library writes. Bumped when fields are added at the end.

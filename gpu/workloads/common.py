@@ -636,10 +636,18 @@ class Harness:
             out["snapshot"] = self.snapshot.finish()
         return out
 
-    def cupool_stats(self):
+    def cupool_via(self):
+        """How this process reaches cupool: "preload" (its exports, through ctypes),
+        "package" (`cupool.torch.enable()`), or None."""
         if self.mode == "preload" or preload_active():
+            return "preload"
+        return "package" if self.mode == "cupool" else None
+
+    def cupool_stats(self):
+        via = self.cupool_via()
+        if via == "preload":
             return cupool_stats()
-        if self.mode == "cupool":
+        if via == "package":
             import cupool
             return cupool.stats()
         return None
@@ -663,20 +671,20 @@ class Harness:
 
     def cupool_counts(self):
         """cupool's monotonic counts now ([`cupool_counts`]), or None without cupool."""
-        if self.mode == "preload" or preload_active():
-            footprint = cupool_json("cupool_footprint_json")
-            return cupool_counts(cupool_stats(), (footprint or {}).get("devices"))
-        if self.mode == "cupool":
-            import cupool
+        via = self.cupool_via()
+        if via == "preload":
+            return cupool_counts(cupool_stats(), (self.cupool_footprint() or {}).get("devices"))
+        if via == "package":
             from cupool import _stats
-            return cupool_counts(_stats.raw_stats(None), cupool.footprint())
+            return cupool_counts(_stats.raw_stats(None), self.cupool_footprint())
         return None
 
     def cupool_footprint(self):
         """Where cupool's reserved bytes are, and were at their peak, per device."""
-        if self.mode == "preload" or preload_active():
+        via = self.cupool_via()
+        if via == "preload":
             return cupool_json("cupool_footprint_json")
-        if self.mode == "cupool":
+        if via == "package":
             import cupool
             return cupool.footprint()
         return None

@@ -365,20 +365,27 @@ impl VmmStats {
     /// (`create_ns`, `map_ns`, `unmap_ns`, `release_ns`), so a program can read the mapping
     /// work of a stretch of its run as the difference of two readings.
     pub fn to_json(&self) -> String {
-        let [create, map, unmap, release] = self.call_ns;
-        format!(
-            "{{\"enabled\":{},\"range_bytes\":{},\"mapped_bytes\":{},\"idle_bytes\":{},\"maps\":{},\"unmaps\":{},\"map_calls\":{},\"unmap_calls\":{},\"mapped_chunks\":{},\"held_chunks\":{},\"create_ns\":{create},\"map_ns\":{map},\"unmap_ns\":{unmap},\"release_ns\":{release}}}",
-            self.enabled,
-            self.range_bytes,
-            self.mapped_bytes,
-            self.idle_bytes,
-            self.maps,
-            self.unmaps,
-            self.map_calls,
-            self.unmap_calls,
-            self.mapped_chunks,
-            self.held_chunks,
-        )
+        use crate::stats::print::json_value;
+        let mut out = format!("{{\"enabled\":{}", self.enabled);
+        for (name, v) in [
+            ("range_bytes", self.range_bytes),
+            ("mapped_bytes", self.mapped_bytes),
+            ("idle_bytes", self.idle_bytes),
+            ("maps", self.maps),
+            ("unmaps", self.unmaps),
+            ("map_calls", self.map_calls),
+            ("unmap_calls", self.unmap_calls),
+            ("mapped_chunks", self.mapped_chunks),
+            ("held_chunks", self.held_chunks),
+            ("create_ns", self.call_ns[0]),
+            ("map_ns", self.call_ns[1]),
+            ("unmap_ns", self.call_ns[2]),
+            ("release_ns", self.call_ns[3]),
+        ] {
+            json_value(&mut out, name, v);
+        }
+        out.push('}');
+        out
     }
 
     /// One line for the exit summary.

@@ -658,6 +658,45 @@ fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
     cupool::config::set("vmm", "off").unwrap();
 }
 
+/// A replay's `second_half` counts the arena's driver calls from the trace's middle event
+/// on: a block mapped in the first half and taken again in the second moves nothing there.
+#[test]
+fn the_replays_second_half_counts_the_steady_state_only() {
+    use cupool::trace::{Action, Trace};
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, _host, _ctx) = setup_vmm(true);
+    let ptr = 0x7f00_0000_0000;
+    let pair = |t: u64, size: u64| {
+        [
+            streamless_event(t, Action::Allocate, ptr, size),
+            streamless_event(t + 10, Action::Free, ptr, size),
+        ]
+    };
+    let again: Vec<_> = [pair(0, 64 * MIB), pair(20, 64 * MIB)].concat();
+    let r = replay_lagging(rt, &Trace::from_events(again, Vec::new()), 0);
+    assert!(
+        r.map_calls > 0 && r.device_allocs > 0,
+        "the first block maps"
+    );
+    let half = r.second_half.expect("four events");
+    assert_eq!(
+        half.calls(),
+        0,
+        "the same block again moves nothing: {half:?}"
+    );
+    // A second block twice as large needs memory of its own in the second half.
+    let larger: Vec<_> = [pair(0, 64 * MIB), pair(20, 128 * MIB)].concat();
+    let r = replay_lagging(rt, &Trace::from_events(larger, Vec::new()), 0);
+    let half = r.second_half.expect("four events");
+    assert!(half.map_calls > 0, "{half:?}");
+    assert!(
+        half.map_calls < r.map_calls,
+        "the first half's maps are not counted: {r:?}"
+    );
+    assert_eq!(half.granule_maps, 32, "64 MiB more are mapped: {half:?}");
+    cupool::config::set("vmm", "off").unwrap();
+}
+
 /// Note [wait before growing], frees on a stream: a buffer freed on a stream while the
 /// device is behind and allocated again larger on the same stream (PyTorch's frees through
 /// `cupool.torch.enable()`) waits for the fence of the old one once it covers half of the

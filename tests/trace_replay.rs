@@ -311,6 +311,41 @@ fn max_events_replays_the_beginning_only() {
 }
 
 #[test]
+fn the_second_half_counts_only_the_driver_work_from_the_middle_event_on() {
+    // Events 0-2 take a small segment and reuse it; events 3-5 free it and take a large
+    // block's segment: one device allocation in each half.
+    let t = trace(vec![
+        alloc(0x1000, 1000, 0),
+        free(0x1000, 1000, 0),
+        alloc(0x1000, 1000, 0),
+        free(0x1000, 1000, 0),
+        alloc(0x2000, 30 << 20, 0),
+        free(0x2000, 30 << 20, 0),
+    ]);
+    let r = run(&t).unwrap();
+    assert_eq!(r.device_allocs, 2);
+    let half = r
+        .second_half
+        .expect("a trace of six events has a second half");
+    assert_eq!((half.device_allocs, half.device_frees), (1, 0));
+    assert_eq!(
+        (half.map_calls, half.unmap_calls),
+        (0, 0),
+        "vmm:off maps nothing"
+    );
+    assert_eq!(half.calls(), 1);
+    assert!(
+        r.to_json(false)
+            .contains("\"second_half\":{\"driver_calls\":1,\"device_allocs\":1"),
+        "{}",
+        r.to_json(false)
+    );
+    let one = run(&trace(vec![alloc(0x1000, 1000, 0)])).unwrap();
+    assert_eq!(one.second_half, None, "one event has no second half");
+    assert!(one.to_json(false).contains("\"second_half\":null"));
+}
+
+#[test]
 fn the_json_report_has_the_figures() {
     let t = trace(vec![alloc(0x1000, 1000, 0), free(0x1000, 1000, 0)]);
     let r = run(&t).unwrap();

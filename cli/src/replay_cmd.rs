@@ -194,6 +194,28 @@ fn human_report(path: &Path, trace: &Trace, r: &ReplayReport) -> String {
         count(r.device_frees),
         count(r.fences)
     );
+    if r.map_calls + r.unmap_calls > 0 {
+        let _ = writeln!(
+            o,
+            "  vmm              {} granules mapped in {} calls, {} unmapped in {} calls",
+            count(r.granule_maps),
+            count(r.map_calls),
+            count(r.granule_unmaps),
+            count(r.unmap_calls)
+        );
+    }
+    if let Some(h) = r.second_half {
+        let _ = writeln!(
+            o,
+            "  second half      {} driver calls that move memory from event {} on ({} allocations, {} frees, {} maps, {} unmaps)",
+            count(h.calls()),
+            count((r.events / 2) as u64),
+            count(h.device_allocs),
+            count(h.device_frees),
+            count(h.map_calls),
+            count(h.unmap_calls)
+        );
+    }
     let _ =
         writeln!(
         o,

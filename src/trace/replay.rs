@@ -41,7 +41,7 @@ mod workers;
 use workers::{Op, Workers};
 
 pub use peak::FootprintAtPeak;
-pub use report::{OpTimes, ReplayReport, ReplaySample};
+pub use report::{DriverWork, OpTimes, ReplayReport, ReplaySample};
 
 /// How to replay.
 #[derive(Clone, Debug)]
@@ -115,6 +115,7 @@ pub fn replay(
         counts: Counts::default(),
         at_peak: None,
         workers: None,
+        at_half: None,
     };
     let waited_before = rt.host_backend().map_or(0, |h| h.waited_us());
     let result = match rt.host_backend().filter(|_| opts.per_thread) {
@@ -137,6 +138,11 @@ pub fn replay(
         .context_pool(ctx)
         .map(|p| p.vmm_stats())
         .unwrap_or_default();
+    let at_end = rt
+        .context_stats(ctx)
+        .map(|s| DriverWork::of(&vmm, &s))
+        .unwrap_or_default();
+    let second_half = r.at_half.map(|half| at_end.since(&half));
     let simulated_wait_us = rt
         .host_backend()
         .map_or(0, |h| h.waited_us().saturating_sub(waited_before));
@@ -187,6 +193,7 @@ pub fn replay(
         granule_unmaps: vmm.unmaps,
         map_calls: vmm.map_calls,
         unmap_calls: vmm.unmap_calls,
+        second_half,
         reference: trace.reference,
         series: std::mem::take(&mut r.series),
         at_peak: r.at_peak,
@@ -261,6 +268,8 @@ struct Replayer<'a> {
     at_peak: Option<FootprintAtPeak>,
     /// The worker threads of a per-thread replay (Note [per-thread replay]).
     workers: Option<Workers>,
+    /// The driver work counted so far when the replay reached the trace's middle event.
+    at_half: Option<DriverWork>,
 }
 
 /// Whether the traced program's call failed (then there is nothing to replay).
@@ -329,6 +338,11 @@ impl Replayer<'_> {
             }
             self.event(i, ev).map_err(|m| TraceError::new(at(i), m))?;
             self.watch_peak(pool, i + 1);
+            if i + 1 == events.len() / 2 {
+                let stats = self.rt.context_stats(self.ctx).map_err(status_text);
+                let stats = stats.map_err(|m| TraceError::new(at(i), m))?;
+                self.at_half = Some(DriverWork::of(&pool.vmm_stats(), &stats));
+            }
             if (i + 1) % every == 0 {
                 self.sample(i + 1, true)
                     .map_err(|m| TraceError::new(at(i), m))?;

@@ -52,6 +52,24 @@ impl ReplayReport {
             self.map_calls,
             self.unmap_calls
         );
+        match self.second_half {
+            Some(w) => {
+                let _ = write!(o, ",\"second_half\":{{\"driver_calls\":{}", w.calls());
+                push_fields(
+                    &mut o,
+                    &[
+                        ("device_allocs", w.device_allocs),
+                        ("device_frees", w.device_frees),
+                        ("map_calls", w.map_calls),
+                        ("unmap_calls", w.unmap_calls),
+                        ("granule_maps", w.granule_maps),
+                        ("granule_unmaps", w.granule_unmaps),
+                    ],
+                );
+                o.push('}');
+            }
+            None => o.push_str(",\"second_half\":null"),
+        }
         match self.reference {
             Some(r) => {
                 let _ = write!(

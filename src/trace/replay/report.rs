@@ -74,6 +74,10 @@ pub struct ReplayReport {
     /// on a GPU, whatever its size (Note [chunks] in `src/pool/arena.rs`).
     pub map_calls: u64,
     pub unmap_calls: u64,
+    /// The driver work of the trace's second half (its events from the middle one on), when
+    /// it has two events or more: a training loop's steady state, without the growth of
+    /// its first steps, for comparing how much memory a policy moves once warm.
+    pub second_half: Option<DriverWork>,
     /// With a simulated GPU lag: microseconds of trace time the program would have spent
     /// waiting for fences (the pool's waits before growing, out-of-memory retries).
     pub simulated_wait_us: u64,
@@ -89,4 +93,48 @@ pub struct ReplayReport {
     pub released_at_end_bytes: u64,
     /// Reserved bytes after that: 0 unless the pool leaks.
     pub reserved_after_empty_cache: u64,
+}
+
+/// Driver calls that move device memory, counted over a stretch of a replay.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriverWork {
+    /// Memory created (`cuMemCreate` with `vmm:on`, `cuMemAlloc` otherwise) and released.
+    pub device_allocs: u64,
+    pub device_frees: u64,
+    /// VMM map (with its access grant) and unmap calls, and the granules they moved.
+    pub map_calls: u64,
+    pub unmap_calls: u64,
+    pub granule_maps: u64,
+    pub granule_unmaps: u64,
+}
+
+impl DriverWork {
+    /// The counts of a pool's statistics and VMM figures read at one moment.
+    pub fn of(vmm: &crate::pool::vmm::VmmStats, stats: &crate::stats::CupoolStats) -> Self {
+        DriverWork {
+            device_allocs: stats.device_allocs,
+            device_frees: stats.device_frees,
+            map_calls: vmm.map_calls,
+            unmap_calls: vmm.unmap_calls,
+            granule_maps: vmm.maps,
+            granule_unmaps: vmm.unmaps,
+        }
+    }
+
+    /// The work done between `earlier` and this reading.
+    pub fn since(&self, earlier: &DriverWork) -> DriverWork {
+        DriverWork {
+            device_allocs: self.device_allocs.saturating_sub(earlier.device_allocs),
+            device_frees: self.device_frees.saturating_sub(earlier.device_frees),
+            map_calls: self.map_calls.saturating_sub(earlier.map_calls),
+            unmap_calls: self.unmap_calls.saturating_sub(earlier.unmap_calls),
+            granule_maps: self.granule_maps.saturating_sub(earlier.granule_maps),
+            granule_unmaps: self.granule_unmaps.saturating_sub(earlier.granule_unmaps),
+        }
+    }
+
+    /// Driver calls in all: creations, releases, maps and unmaps.
+    pub fn calls(&self) -> u64 {
+        self.device_allocs + self.device_frees + self.map_calls + self.unmap_calls
+    }
 }

@@ -30,6 +30,8 @@ mod os_memory;
 #[cfg(not(loom))]
 pub mod pool;
 #[cfg(not(loom))]
+pub mod ptr_map;
+#[cfg(not(loom))]
 pub mod runtime;
 #[cfg(not(loom))]
 pub mod stats;

@@ -50,3 +50,28 @@ fn an_id_is_remembered_until_a_stream_is_created() {
     host.destroy_stream(s);
     assert_eq!(freed_on(rt, s), p, "the id was asked for again");
 }
+
+/// The pinned pool's stream-ordered calls use the same remembered ids: a pinned buffer
+/// freed on a stream comes back to it at once, and the handle's id is not asked for again
+/// until a creation is reported (before, each call asked the driver, `cuStreamGetId`).
+#[test]
+fn pinned_stream_ordered_calls_use_the_remembered_ids() {
+    let (_turn, rt, host) = reporting_pool();
+    let s: StreamHandle = 0x7300;
+    let pinned_freed_on = |s| {
+        let p = rt.host_alloc_async(4096, s).unwrap();
+        rt.host_free_async(p, s).unwrap();
+        p
+    };
+    let p = pinned_freed_on(s);
+    assert_eq!(pinned_freed_on(s), p, "same stream: reused at once");
+    // The backend would now give the handle a new id; no creation was reported.
+    host.destroy_stream(s);
+    assert_eq!(pinned_freed_on(s), p, "the id was asked for again");
+    // A creation reported: the id is asked for again, and the new stream waits for a fence.
+    host.destroy_stream(s);
+    stream_ids::stream_created();
+    let q = rt.host_alloc_async(4096, s).unwrap();
+    assert_ne!(q, p, "a renamed handle took the old stream's pinned buffer");
+    rt.host_free_async(q, s).unwrap();
+}

@@ -18,9 +18,9 @@ use super::{
     StreamHandle, StreamId,
 };
 use crate::config::{self, Key};
+use crate::ptr_map::{IntMap, PtrMap};
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::cell::Cell;
-use std::collections::HashMap;
 
 mod controls;
 mod faults;
@@ -51,25 +51,25 @@ thread_local! {
 
 struct State {
     /// Live allocations: address → (bytes, device).
-    allocations: HashMap<u64, (u64, i32)>,
+    allocations: PtrMap<(u64, i32)>,
     live_bytes: [u64; HOST_DEVICES as usize],
     capacity: u64,
     /// Stream handle → id; ids are never reused.
-    streams: HashMap<StreamHandle, u64>,
+    streams: IntMap<StreamHandle, u64>,
     next_stream_id: u64,
     next_context: u64,
-    contexts: HashMap<u64, i32>,
+    contexts: PtrMap<i32>,
     /// Recorded events: id → (context, done). Ids grow in record order.
-    events: HashMap<u64, (u64, bool)>,
+    events: PtrMap<(u64, bool)>,
     next_event: u64,
     /// Contexts whose events complete only when a test says so.
     manual: std::collections::HashSet<u64>,
     /// Contexts whose simulated device runs behind the program (trace replay): context →
     /// (lag, simulated now), in microseconds; an event recorded at `now` completes once the
     /// time reaches `now + lag`, or when the program waits for it.
-    lagging: HashMap<u64, (u64, u64)>,
+    lagging: PtrMap<(u64, u64)>,
     /// When each event of a lagging context completes (simulated microseconds).
-    due: HashMap<u64, u64>,
+    due: PtrMap<u64>,
     /// Simulated microseconds the program spent waiting for lagging contexts' events.
     waited_us: u64,
     /// Contexts with a stream capture in progress that the pool was not told about.
@@ -83,7 +83,7 @@ struct State {
     /// Waits of other streams for an event (`stream_wait`).
     pub stream_waits: u64,
     /// Completion queries answered, per context.
-    queries: HashMap<u64, u64>,
+    queries: PtrMap<u64>,
     fail_next_alloc: Option<BackendError>,
     /// The next context fence (`cuEventRecord`) and the next completion query
     /// (`cuEventQuery`) fail with these (fault injection).
@@ -174,18 +174,18 @@ impl HostBackend {
             done_fences: AtomicU64::new(0),
             pinned: spin::Mutex::new(pinned::HostPinned::new()),
             state: spin::Mutex::new(State {
-                allocations: HashMap::new(),
+                allocations: Default::default(),
                 live_bytes: [0; HOST_DEVICES as usize],
                 capacity: DEFAULT_CAPACITY,
-                streams: HashMap::new(),
+                streams: Default::default(),
                 next_stream_id: 16,
                 next_context: FIRST_EXTRA_CONTEXT,
-                contexts: HashMap::new(),
-                events: HashMap::new(),
+                contexts: Default::default(),
+                events: Default::default(),
                 next_event: 1,
                 manual: std::collections::HashSet::new(),
-                lagging: HashMap::new(),
-                due: HashMap::new(),
+                lagging: Default::default(),
+                due: Default::default(),
                 waited_us: 0,
                 capturing: std::collections::HashSet::new(),
                 allocs: 0,
@@ -193,7 +193,7 @@ impl HostBackend {
                 fences_recorded: 0,
                 device_waits: 0,
                 stream_waits: 0,
-                queries: HashMap::new(),
+                queries: Default::default(),
                 fail_next_alloc: None,
                 fail_next_fence: None,
                 fail_next_query: None,

@@ -59,20 +59,22 @@ impl Runtime {
     pub fn host_alloc_async(&self, size: usize, stream: StreamHandle) -> Result<HostPtr> {
         let size = Self::pinned_request(size)?;
         let ctx = self.backend.current_context().map_err(CupoolStatus::from)?;
-        let sid = self.backend.stream_id(stream).map_err(CupoolStatus::from)?;
+        // The thread's remembered ids, as device allocations use (Note [stream id cache]).
+        let sid = super::stream_ids::stream_id(self.backend, ctx.id, stream)
+            .map_err(CupoolStatus::from)?;
         self.host_alloc_in(ctx, size, Some(sid.0))
     }
 
     /// The calling thread's current context, if any, gets a device pool, so the pinned
-    /// pool's fences cover it.
-    fn fence_current_context(&self) {
+    /// pool's fences cover it; returns that context.
+    fn fence_current_context(&self) -> Option<ContextInfo> {
         // At exit (and in a fork child) no driver call, not even this query.
         if BACKEND_OFF.load(Ordering::Relaxed) {
-            return;
+            return None;
         }
-        if let Ok(Some(ctx)) = self.backend.existing_context() {
-            let _ = self.pool_of(ctx);
-        }
+        let ctx = self.backend.existing_context().ok().flatten()?;
+        let _ = self.pool_of(ctx);
+        Some(ctx)
     }
 
     /// Streamless free of a pinned block: reused only once a fence recorded after this call
@@ -101,8 +103,12 @@ impl Runtime {
             // No driver call to name the stream: freed for everyone (never reused anyway).
             return pinned.free(ptr, None);
         }
-        self.fence_current_context();
-        let sid = self.backend.stream_id(stream).map_err(CupoolStatus::from)?;
+        let sid = match self.fence_current_context() {
+            // The stream is one of the current context's (Note [stream id cache]).
+            Some(ctx) => super::stream_ids::stream_id(self.backend, ctx.id, stream),
+            None => self.backend.stream_id(stream),
+        };
+        let sid = sid.map_err(CupoolStatus::from)?;
         pinned.free(ptr, Some(sid.0))
     }
 

@@ -9,9 +9,7 @@
 //!   addresses already live, with the position of the offending event.
 
 use super::{rmm_csv, snapshot, Action, DriverAction, Position, Reference, Trace, TraceError};
-use std::collections::HashMap;
 use std::fs::File;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::Path;
 
@@ -146,33 +144,7 @@ fn write_rows(out: &mut impl Write, trace: &Trace) -> io::Result<()> {
     out.flush()
 }
 
-/// Hashes a pointer with splitmix64's finalizer: pointers are aligned and clustered, so
-/// their low bits alone make poor buckets, and SipHash is needlessly slow for millions of
-/// them.
-#[derive(Default, Clone, Copy)]
-pub struct PtrHasher(u64);
-
-impl Hasher for PtrHasher {
-    fn finish(&self) -> u64 {
-        let mut z = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 ^= n;
-    }
-}
-
-/// A map keyed by pointer, hashed with [`PtrHasher`].
-pub type PtrMap<V> = HashMap<u64, V, BuildHasherDefault<PtrHasher>>;
+pub use crate::ptr_map::PtrMap;
 
 /// What [`check_consistency`] knows of an address: live since an event, or freed by one
 /// (`None`: the prelude).

@@ -5,7 +5,7 @@
 use super::pages::{map_device_memory, unmap_device_memory};
 use super::HostBackend;
 use crate::backend::{BackendError, BackendResult, HostPtr};
-use std::collections::HashMap;
+use crate::ptr_map::PtrMap;
 
 /// What a test can observe about the simulated pinned memory.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -20,7 +20,7 @@ pub struct HostPinnedCounters {
 
 pub(super) struct HostPinned {
     /// Live allocations: address → bytes.
-    live: HashMap<u64, u64>,
+    live: PtrMap<u64>,
     live_bytes: u64,
     capacity: u64,
     allocs: u64,
@@ -31,7 +31,7 @@ pub(super) struct HostPinned {
 impl HostPinned {
     pub(super) fn new() -> Self {
         HostPinned {
-            live: HashMap::new(),
+            live: PtrMap::default(),
             live_bytes: 0,
             capacity: u64::MAX,
             allocs: 0,

@@ -5,7 +5,7 @@
 use super::pages::{map_granules, unmap_granules};
 use super::HOST_VMM_GRANULE;
 use crate::backend::{BackendError, BackendResult, DevicePtr};
-use std::collections::HashMap;
+use crate::ptr_map::PtrMap;
 
 /// Note [host vmm]: a reservation is an anonymous `PROT_NONE`, `MAP_NORESERVE` mapping
 /// (address space only); mapping a granule makes its pages readable and writable
@@ -19,11 +19,11 @@ use std::collections::HashMap;
 #[derive(Default)]
 pub(super) struct HostVmm {
     /// Reservation base → (bytes, device).
-    pub(super) ranges: HashMap<u64, (u64, i32)>,
+    pub(super) ranges: PtrMap<(u64, i32)>,
     /// Physical handle → (device, bytes, where it is mapped).
-    pub(super) handles: HashMap<u64, (i32, u64, Option<u64>)>,
+    pub(super) handles: PtrMap<(i32, u64, Option<u64>)>,
     /// Mapped address → (handle, bytes).
-    pub(super) mappings: HashMap<u64, (u64, u64)>,
+    pub(super) mappings: PtrMap<(u64, u64)>,
     pub(super) next_handle: u64,
     pub(super) creates: u64,
     pub(super) releases: u64,

@@ -30,6 +30,7 @@ import math
 import os
 import pickle
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -510,6 +511,15 @@ def checksum(values):
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+
+def process_cpu_s():
+    """The process's user and system CPU seconds so far, every thread counted, to the
+    microsecond (`getrusage`; `os.times` counts in clock ticks, 10 ms, too coarse for a
+    step)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+
 class Harness:
     """Sets up determinism, measures, and reports one workload run.
 
@@ -532,6 +542,12 @@ class Harness:
         self.mode = args.mode or detect_mode()
         self.losses = []
         self.step_ms = []
+        # The process's CPU time in each step, user and system, in ms (every thread: the
+        # autograd engine's device thread runs the backward pass; system time holds the
+        # driver's ioctls and page faults): a step that is slower with as much CPU time
+        # waited, one with more CPU time worked.
+        self.step_cpu_ms = []
+        self._cpu0 = None
         self.notes = []
         self._t0 = None
         self.wall_start = time.perf_counter()
@@ -581,12 +597,16 @@ class Harness:
             self._profiler = torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CUDA])
             self._profiler.__enter__()
+        self._cpu0 = process_cpu_s()
         self._t0 = time.perf_counter()
 
     def step_end(self, loss, detail=""):
         """Ends a step: `loss` is a float already on the host (its .item() synchronised)."""
         torch.cuda.synchronize()
         ms = (time.perf_counter() - self._t0) * 1e3
+        cpu = process_cpu_s()
+        self.step_cpu_ms.append([round((cpu[0] - self._cpu0[0]) * 1e3, 3),
+                                 round((cpu[1] - self._cpu0[1]) * 1e3, 3)])
         self.step_ms.append(ms)
         self.losses.append(float(loss))
         print(f"step {len(self.losses) - 1:3d} loss {float(loss):.6f} ms {ms:8.2f} {detail}")
@@ -613,6 +633,7 @@ class Harness:
             "config": self.config,
             "step_ms_median": statistics.median(self.step_ms) if self.step_ms else None,
             "step_ms_total": sum(self.step_ms),
+            "step_cpu_ms": self.step_cpu_ms,
             "wall_s": time.perf_counter() - self.wall_start,
             "losses": self.losses,
             "loss_checksum": checksum(self.losses),

@@ -19,7 +19,10 @@ per-round ratios to native's step (each round's run against native's run of the 
 with the number of rounds below native, the same for the steps after the first
 `--warmup-steps` (from each run's step lines: an allocator that pays while its pool grows
 shows it in the first and not in the second), the device peak range (NVML, above the value
-once the context existed) and whether the losses are bit-identical to native's. Under each
+once the context existed) and whether the losses are bit-identical to native's. For each
+allocator it gives the process's CPU time per step after the warm-up, user and system (every
+thread, from the runs' `step_cpu_ms`), beside the wall time: a step that is slower with as
+much CPU time waited, one with more CPU time worked. Under each
 cupool library it then gives what the pool did per step after the warm-up (the mean per step
 of each count in the run's `cupool_step_counts`, median over rounds): misses, driver
 allocations, fences, waits before growing, the VMM arena's map and unmap calls and their
@@ -162,6 +165,15 @@ def steady_counts(step_counts, warmup):
     return {k: sum(d.get(k, 0) for d in after) / len(after) for k in keys}
 
 
+def steady_cpu(step_cpu_ms, warmup):
+    """The process's median user and system CPU ms per step after the first `warmup`
+    steps (from the result's `step_cpu_ms` pairs); None without them."""
+    if not isinstance(step_cpu_ms, list) or len(step_cpu_ms) <= warmup:
+        return None
+    after = step_cpu_ms[warmup:]
+    return [statistics.median(c[0] for c in after), statistics.median(c[1] for c in after)]
+
+
 def run(args, steps, modes):
     os.makedirs(os.path.join(args.outdir, "logs"), exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if k not in (
@@ -206,7 +218,9 @@ def run(args, steps, modes):
                                checksum=res.get("loss_checksum"),
                                cupool=res.get("cupool"),
                                steady_counts=steady_counts(res.get("cupool_step_counts"),
-                                                           args.warmup_steps))
+                                                           args.warmup_steps),
+                               steady_cpu=steady_cpu(res.get("step_cpu_ms"),
+                                                     args.warmup_steps))
                 except (OSError, ValueError) as err:
                     rec["status"] = f"no result ({err.__class__.__name__})"
                 results.append(rec)
@@ -257,8 +271,30 @@ def table(results, args, modes):
             med_text = "-" if med is None else f"{med:.1f}"
             lines.append(f"  {label:<12} {per_round} | {med_text} | {ratio} | "
                          f"{steady_text} | {peak} | {same}")
+        lines.extend(cpu_lines(mine, modes, args.warmup_steps))
         lines.extend(counts_lines(mine, modes, args.warmup_steps))
     return "\n".join(lines)
+
+
+def cpu_lines(runs, modes, warmup):
+    """For each allocator, the process's CPU time per step after the warm-up: user and
+    system ms (each run's median step, then the median over rounds, with the rounds'
+    range), beside the same runs' wall time per step."""
+    out = []
+    for label, *_ in modes:
+        ok = [r for r in runs if r["label"] == label and r.get("status") == "ok"
+              and r.get("steady_cpu") and r.get("steady_ms")]
+        if not ok:
+            continue
+        if not out:
+            out.append(f"  host CPU per step after step {warmup} (median over rounds, "
+                       f"range): wall ms | user ms | system ms")
+        cols = []
+        for values in ([r["steady_ms"] for r in ok], [r["steady_cpu"][0] for r in ok],
+                       [r["steady_cpu"][1] for r in ok]):
+            cols.append(f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})")
+        out.append(f"  {label:<12} " + " | ".join(cols))
+    return out
 
 
 def counts_lines(runs, modes, warmup):

@@ -138,11 +138,6 @@ pub fn replay(
         .context_pool(ctx)
         .map(|p| p.vmm_stats())
         .unwrap_or_default();
-    let at_end = rt
-        .context_stats(ctx)
-        .map(|s| DriverWork::of(&vmm, &s))
-        .unwrap_or_default();
-    let second_half = r.at_half.map(|half| at_end.since(&half));
     let simulated_wait_us = rt
         .host_backend()
         .map_or(0, |h| h.waited_us().saturating_sub(waited_before));
@@ -153,6 +148,10 @@ pub fn replay(
         let _ = backend.destroy_stream(ctx.id, s);
     }
     let (wall_seconds, stats) = result?;
+    // The run's last statistics are read after its last event, as `vmm` is.
+    let second_half = r
+        .at_half
+        .map(|half| DriverWork::of(&vmm, &stats).since(&half));
     let (live_at_end, released, reserved_after) = cleanup?;
     let events = opts
         .max_events

@@ -45,9 +45,11 @@ STAND_IN = textwrap.dedent(
     if a.mode == "preload":
         counts = [dict({"num_allocs": 100}, **({"grow_waits": 1} if i < 7 else {}),
                        **({"vmm_map_calls": 2} if i % 2 else {})) for i in range(12)]
-    # The process's CPU per step, user and system ms: the slow steps worked twice as long,
-    # and cupool's system time is twice native's.
-    cpu = [[step * 0.5 * (2 if i < 7 else 1), 2.0 if a.mode == "preload" else 1.0]
+    # The process's CPU per step, user and system ms: the slow steps worked twice as long;
+    # cupool's system time is 2 ms every step, native's comes in ticks, 4 ms every fourth
+    # step from step 2 (1 ms a step in all, though most steps read 0).
+    cpu = [[step * 0.5 * (2 if i < 7 else 1),
+            2.0 if a.mode == "preload" else (4.0 if i % 4 == 2 else 0.0)]
            for i in range(12)]
     with open(a.out_json, "w") as f:
         json.dump({"status": "ok", "step_ms_median": step, "device_peak_bytes": peak,
@@ -210,9 +212,13 @@ def test_host_cpu_per_step_leaves_out_the_warm_up_steps(tmp_path):
     _, out = run_rounds(tmp_path)
     table = (out / "table.txt").read_text()
     head = table.index("host CPU per step after step 10")
-    assert row(table[head:], "native") == "  native       10.0 (10.0-10.0) | 5.0 (5.0-5.0) | 1.0 (1.0-1.0)"
+    # Steps 10 and 11: one tick of 4 ms between them.
+    assert row(table[head:], "native") == "  native       10.0 (10.0-10.0) | 5.0 (5.0-5.0) | 2.0 (2.0-2.0)"
     assert row(table[head:], "same") == "  same         12.0 (12.0-12.0) | 6.0 (6.0-6.0) | 2.0 (2.0-2.0)"
     _, out = run_rounds(tmp_path, "--warmup-steps", "0")
     table = (out / "table.txt").read_text()
     head = table.index("host CPU per step after step 0")
-    assert row(table[head:], "native").split("|")[1] == " 10.0 (10.0-10.0) "
+    # User time over all twelve steps: seven of 10 ms and five of 5 ms.
+    assert row(table[head:], "native").split("|")[1] == " 7.9 (7.9-7.9) "
+    # Three ticks in twelve steps: the mean, where the median step read 0.
+    assert row(table[head:], "native").split("|")[2] == " 1.0 (1.0-1.0)"

@@ -279,23 +279,28 @@ def table(results, args, modes):
     return "\n".join(lines)
 
 
+def runs_by_label(runs, modes, *fields):
+    """For each allocator label in `modes` order, its runs that finished ok with every one
+    of `fields` set; labels without such runs left out."""
+    for label, *_ in modes:
+        ok = [r for r in runs if r["label"] == label and r.get("status") == "ok"
+              and all(r.get(f) for f in fields)]
+        if ok:
+            yield label, ok
+
+
 def cpu_lines(runs, modes, warmup):
     """For each allocator, the process's CPU time per step after the warm-up: user and
     system ms (each run's mean per step, then the median over rounds, with the rounds'
     range), beside the same runs' wall time per step (each run's median step)."""
     out = []
-    for label, *_ in modes:
-        ok = [r for r in runs if r["label"] == label and r.get("status") == "ok"
-              and r.get("steady_cpu") and r.get("steady_ms")]
-        if not ok:
-            continue
+    for label, ok in runs_by_label(runs, modes, "steady_cpu", "steady_ms"):
         if not out:
             out.append(f"  host CPU per step after step {warmup} (median over rounds, "
                        f"range): wall ms (median step) | user ms | system ms (mean)")
-        cols = []
-        for values in ([r["steady_ms"] for r in ok], [r["steady_cpu"][0] for r in ok],
-                       [r["steady_cpu"][1] for r in ok]):
-            cols.append(f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})")
+        cols = [f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
+                for v in ([r["steady_ms"] for r in ok], [r["steady_cpu"][0] for r in ok],
+                          [r["steady_cpu"][1] for r in ok])]
         out.append(f"  {label:<12} " + " | ".join(cols))
     return out
 
@@ -304,11 +309,8 @@ def counts_lines(runs, modes, warmup):
     """For each cupool allocator, what its pool did per step after the warm-up: the median
     over rounds of each count's mean per step (counts that never moved left out)."""
     out = []
-    for label, *_ in modes:
-        per_run = [r["steady_counts"] for r in runs
-                   if r["label"] == label and r.get("status") == "ok" and r.get("steady_counts")]
-        if not per_run:
-            continue
+    for label, ok in runs_by_label(runs, modes, "steady_counts"):
+        per_run = [r["steady_counts"] for r in ok]
         keys = sorted({k for c in per_run for k in c})
         text = ", ".join(f"{k} {statistics.median(c.get(k, 0) for c in per_run):.4g}"
                          for k in keys)

@@ -6,6 +6,11 @@
 //! arena block on the host backend (perf: `hash_one` and `DefaultHasher::write`, 24% of
 //! the samples; each pair looks its stream up twice). One multiplication by an odd
 //! constant spreads sequential ids over the table's buckets (the high bits feed them).
+//!
+//! Not [`crate::ptr_map::PtrHasher`]: that one finishes with splitmix64 (three
+//! multiplications) because pointers are aligned, and a product's low bits depend only
+//! on the key's low bits, which for pointers are all zero. Stream ids are not aligned, so
+//! one multiplication is enough, and this lookup is on the hit path.
 
 use core::hash::{BuildHasherDefault, Hasher};
 use std::collections::HashMap;

@@ -248,8 +248,9 @@ def table(results, args, modes):
                            if r.get("step_ms") is not None}
         native_steady = {r["round"]: r["steady_ms"] for r in native if r.get("steady_ms")}
         lines.append(f"{name}: step ms per round | median | vs native (median of the rounds' "
-                     f"ratios; rounds below native) | after step {args.warmup_steps}: median, "
-                     f"vs native | device peak GiB (min-max) | losses as native")
+                     f"ratios (their range); rounds below native) | after step "
+                     f"{args.warmup_steps}: median, vs native | device peak GiB (min-max) | "
+                     f"losses as native")
         for label, *_ in modes:
             runs = [r for r in mine if r["label"] == label]
             ok = [r for r in runs if r.get("status") == "ok" and r.get("step_ms") is not None]
@@ -258,15 +259,13 @@ def table(results, args, modes):
             med = statistics.median(r["step_ms"] for r in ok) if ok else None
             ratios = [r["step_ms"] / native_by_round[r["round"]] for r in ok
                       if native_by_round.get(r["round"])]
-            ratio = (f"{statistics.median(ratios):.2f}x; {sum(x < 1 for x in ratios)} of "
-                     f"{len(ratios)}" if ratios and label != "native" else "-")
+            ratio = ratio_text(ratios) if ratios and label != "native" else "-"
             steady = [r["steady_ms"] for r in ok if r.get("steady_ms")]
             steady_ratios = [r["steady_ms"] / native_steady[r["round"]] for r in ok
                              if r.get("steady_ms") and native_steady.get(r["round"])]
             steady_text = "-" if not steady else f"{statistics.median(steady):.1f}"
             if steady_ratios and label != "native":
-                steady_text += (f", {statistics.median(steady_ratios):.2f}x; "
-                                f"{sum(x < 1 for x in steady_ratios)} of {len(steady_ratios)}")
+                steady_text += ", " + ratio_text(steady_ratios)
             peaks = [r["peak"] for r in ok if r.get("peak") is not None]
             peak = f"{fmt_gib(min(peaks))}-{fmt_gib(max(peaks))}" if peaks else "-"
             same = ("-" if not ok or not native_sums else
@@ -277,6 +276,14 @@ def table(results, args, modes):
         lines.extend(cpu_lines(mine, modes, args.warmup_steps))
         lines.extend(counts_lines(mine, modes, args.warmup_steps))
     return "\n".join(lines)
+
+
+def ratio_text(ratios):
+    """The rounds' ratios to native: their median, their range (a spread as wide as the
+    difference between two allocators means the rounds cannot tell them apart), and how
+    many rounds were below native."""
+    return (f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}); "
+            f"{sum(x < 1 for x in ratios)} of {len(ratios)}")
 
 
 def runs_by_label(runs, modes, *fields):

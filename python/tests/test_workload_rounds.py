@@ -19,7 +19,7 @@ ROUNDS = REPO / "gpu" / "workloads" / "rounds.py"
 # workload's would depend on the allocator; it writes the result JSON the harness writes.
 STAND_IN = textwrap.dedent(
     """
-    import argparse, json, os
+    import argparse, json, os, re
     p = argparse.ArgumentParser()
     for flag in ("--steps", "--seed"):
         p.add_argument(flag, type=int)
@@ -30,6 +30,9 @@ STAND_IN = textwrap.dedent(
     if conf == "fail:1":
         raise SystemExit(3)
     step = {"native": 10.0, "expandable": 9.0, "preload": 12.0, "rmm": 11.0}[a.mode]
+    # RMM's pool is 2 ms slower in the second round: its ratios to native spread.
+    if a.mode == "rmm" and re.search(r"[.]r2[.]json$", a.out_json):
+        step += 2.0
     peak = {"native": 4, "expandable": 3, "preload": 2, "rmm": 5}[a.mode] << 30
     # 12 step lines, the first 7 twice as slow (a pool growing): the median of every step is
     # the slow one, after step 10 the steady one.
@@ -84,11 +87,12 @@ def test_rounds_table(tmp_path):
     table = (out / "table.txt").read_text()
     assert row(table, "native").split("|")[1:] == [" 10.0 ", " - ", " 10.0 ", " 4.00-4.00 ",
                                                    " yes"]
-    assert row(table, "expandable").split("|")[2:4] == [" 0.90x; 2 of 2 ", " 9.0, 0.90x; 2 of 2 "]
+    assert row(table, "expandable").split("|")[2:4] == [" 0.90x (0.90-0.90); 2 of 2 ",
+                                                        " 9.0, 0.90x (0.90-0.90); 2 of 2 "]
     same = row(table, "same")
     assert same.startswith("  same         12.0 / 12.0 |")
-    assert same.split("|")[1:] == [" 12.0 ", " 1.20x; 0 of 2 ", " 12.0, 1.20x; 0 of 2 ",
-                                   " 2.00-2.00 ", " yes"]
+    assert same.split("|")[1:] == [" 12.0 ", " 1.20x (1.20-1.20); 0 of 2 ",
+                                   " 12.0, 1.20x (1.20-1.20); 0 of 2 ", " 2.00-2.00 ", " yes"]
     assert row(table, "differs").endswith("| NO")
     assert "no result" in row(table, "fails")
     results = json.loads((out / "rounds.json").read_text())["results"]
@@ -112,8 +116,9 @@ def test_runs_are_pinned_and_rmm_gets_its_environment(tmp_path):
         if result.name.startswith("rmm."):
             assert env["allocator"] == "rmm" and env["rmm_initial"] == "1048576"
     rmm_row = row((out / "table.txt").read_text(), "rmm")
-    assert rmm_row.split("|")[1:] == [" 11.0 ", " 1.10x; 0 of 2 ", " 11.0, 1.10x; 0 of 2 ",
-                                      " 5.00-5.00 ", " yes"]
+    # 11 and 13 ms a step against native's 10: the median ratio and the rounds' spread.
+    assert rmm_row.split("|")[1:] == [" 12.0 ", " 1.20x (1.10-1.30); 0 of 2 ",
+                                      " 12.0, 1.20x (1.10-1.30); 0 of 2 ", " 5.00-5.00 ", " yes"]
     assert json.loads((out / "rounds.json").read_text())["cpus"] == str(cpu)
 
 

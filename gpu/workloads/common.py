@@ -23,18 +23,14 @@ and the error, and exits 1.
 """
 import argparse
 import ctypes
-import gzip
 import hashlib
 import json
 import math
 import os
-import pickle
 import random
 import resource
 import statistics
-import subprocess
 import sys
-import threading
 import time
 import traceback
 
@@ -46,9 +42,15 @@ try:
 except ImportError:  # the shape samplers and the argument parsing still work without torch
     torch = None
 
+# The harness's other parts, in modules of their own beside this one (the workloads put
+# this folder on the path).
+from allocator_readings import (  # noqa: E402,F401
+    SnapshotRecorder, count_deltas, cupool_counts, cupool_json, cupool_stats,
+    torch_allocator_stats, torch_caching_allocator_in_use,
+)
+from device_peak import DevicePeakMonitor  # noqa: E402
+
 DEFAULT_SNAPSHOT_MAX_ENTRIES = 4_000_000
-# cupool's status for a buffer that is too small (include/cupool.h).
-CUPOOL_ERROR_BUFFER_TOO_SMALL = 11
 
 
 # ---------------------------------------------------------------------------------------
@@ -123,11 +125,6 @@ def detect_mode():
     return "native"
 
 
-def torch_caching_allocator_in_use():
-    return (os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1"
-            and os.environ.get("WORKLOAD_ALLOCATOR") not in ("cupool", "rmm"))
-
-
 def switch_allocator():
     """WORKLOAD_ALLOCATOR=cupool: PyTorch on cupool through `cupool.torch.enable()` (the
     package from python/ on PYTHONPATH, its library from CUPOOL_LIBRARY); =rmm: RMM's pool
@@ -171,334 +168,6 @@ def shape_rng(seed, salt):
 def log_uniform_int(rng, lo, hi):
     """An integer in [lo, hi], log-uniformly (small values as likely per octave as large)."""
     return min(hi, max(lo, int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))))
-
-
-# ---------------------------------------------------------------------------------------
-# Device peak (NVML)
-
-
-def _nvml_index_for(device_index):
-    """The NVML index of torch's CUDA device `device_index` (CUDA_VISIBLE_DEVICES and PCI
-    order can differ from NVML's order)."""
-    import pynvml
-    try:
-        return int(torch.cuda._get_nvml_device_index(device_index)), "torch"
-    except Exception:  # private helper; fall back on the device's UUID
-        pass
-    try:
-        uuid = str(torch.cuda.get_device_properties(device_index).uuid).lower()
-        uuid = uuid[4:] if uuid.startswith("gpu-") else uuid
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-            u = (u.decode() if isinstance(u, bytes) else u).lower()
-            u = u[4:] if u.startswith("gpu-") else u
-            if uuid and (u == uuid or u.startswith(uuid) or uuid.startswith(u)):
-                return i, "uuid"
-    except Exception:
-        pass
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-    if device_index < len(visible) and visible[device_index].strip().isdigit():
-        return int(visible[device_index]), "CUDA_VISIBLE_DEVICES"
-    return device_index, "index"
-
-
-# The sampler process: samples the device's used memory every INTERVAL seconds until a line
-# arrives on its stdin (or stdin closes), then prints "PEAK SAMPLES". A process of its own, so
-# that the workload's GIL never delays a sample and sampling never slows the workload.
-SAMPLER_SOURCE = r"""
-import select, sys, pynvml
-pynvml.nvmlInit()
-handle = pynvml.nvmlDeviceGetHandleByIndex(int(sys.argv[1]))
-interval = float(sys.argv[2])
-peak = samples = 0
-print("ready", flush=True)
-while True:
-    used = pynvml.nvmlDeviceGetMemoryInfo(handle).used
-    samples += 1
-    if used > peak:
-        peak = used
-    if select.select([sys.stdin], [], [], interval)[0]:
-        break
-print(peak, samples, flush=True)
-"""
-
-
-class DevicePeakMonitor:
-    """Samples the device's used memory (NVML) about every `interval_s` from `start()` to
-    `stop()`, which returns the peak above the value at start.
-
-    The sampling runs in a small Python process of its own (no CUDA, no preload). Where that
-    cannot start it runs in a thread, which waits on an Event between samples and so holds
-    the GIL only for the instant of a sample, but while the main thread runs Python it gets
-    the GIL only every switch interval (5 ms). A last sample is taken at stop either way.
-    """
-
-    def __init__(self, device_index, interval_s=0.001):
-        self.interval_s = interval_s
-        self.source = None
-        self.sampler = None
-        self.error = None
-        self._stop = threading.Event()
-        self._thread = None
-        self._proc = None
-        self._nvml_index = None
-        self.samples = 0
-        self.start_bytes = self.peak_bytes = self.last_bytes = 0
-        self.total_bytes = None
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            index, how = _nvml_index_for(device_index)
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._read = lambda: pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
-            self.total_bytes = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).total)
-            self._nvml_index = index
-            self.source = f"nvml (device {index}, matched by {how})"
-        except Exception as e:  # no pynvml or no NVML: cudaMemGetInfo, wrong under the preload
-            self.error = f"NVML unavailable ({type(e).__name__}: {e}); cudaMemGetInfo used"
-
-            def read():
-                free, total = torch.cuda.mem_get_info(device_index)
-                return total - free
-
-            self._read = read
-            self.source = "cudaMemGetInfo (undercounts cached memory under the preload)"
-
-    def start(self):
-        self.start_bytes = self.peak_bytes = self.last_bytes = int(self._read())
-        if self._nvml_index is not None and self._start_process():
-            return
-        self.sampler = "thread"
-        self._thread = threading.Thread(target=self._run, name="device-peak", daemon=True)
-        self._thread.start()
-
-    def _start_process(self):
-        # The sampler must not load the preload: it uses no CUDA, and a recorder in it could
-        # write over the workload's trace.
-        env = {k: v for k, v in os.environ.items()
-               if k != "LD_PRELOAD" and not k.startswith("CUPOOL_")}
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", SAMPLER_SOURCE, str(self._nvml_index),
-                 repr(self.interval_s)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-            line = self._proc.stdout.readline().strip()
-            if line != "ready":
-                raise RuntimeError(f"sampler process said {line!r}")
-        except Exception as e:
-            self.error = f"sampler process failed ({type(e).__name__}: {e}); thread used"
-            if self._proc is not None:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
-            return False
-        self.sampler = "process"
-        return True
-
-    def _sample(self):
-        used = int(self._read())
-        self.samples += 1
-        self.last_bytes = used
-        if used > self.peak_bytes:
-            self.peak_bytes = used
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                self._sample()
-            except Exception as e:
-                self.error = f"sampling stopped: {type(e).__name__}: {e}"
-                return
-            self._stop.wait(self.interval_s)
-
-    def stop(self):
-        if self._proc is not None:
-            try:
-                out, _ = self._proc.communicate(input="stop\n", timeout=30)
-                peak, samples = (int(v) for v in out.split()[:2])
-                self.peak_bytes = max(self.peak_bytes, peak)
-                self.samples += samples
-            except Exception as e:
-                self.error = f"sampler process lost ({type(e).__name__}: {e})"
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        try:
-            self._sample()
-        except Exception:
-            pass
-        return {
-            "device_peak_bytes": self.peak_bytes - self.start_bytes,
-            "device_used_at_start_bytes": self.start_bytes,
-            "device_used_at_end_bytes": self.last_bytes,
-            "device_total_bytes": self.total_bytes,
-            "device_peak_source": self.source,
-            "device_peak_sampler": self.sampler,
-            "device_peak_samples": self.samples,
-            "device_peak_error": self.error,
-        }
-
-
-# ---------------------------------------------------------------------------------------
-# Allocator statistics
-
-
-def cupool_json(name):
-    """The JSON a `cupool_*_json(-1, ...)` export of the cupool already loaded in this process
-    writes (every device), as a dict; None when no cupool is loaded or it lacks `name`."""
-    try:
-        fn = getattr(ctypes.CDLL(None), name)
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
-    fn.restype = ctypes.c_int
-    needed = ctypes.c_size_t(0)
-    status = fn(-1, None, 0, ctypes.byref(needed))
-    if status not in (0, CUPOOL_ERROR_BUFFER_TOO_SMALL):
-        return {"error": f"{name} status {status}"}
-    buf = ctypes.create_string_buffer(max(int(needed.value), 1) + 256)
-    status = fn(-1, buf, len(buf), ctypes.byref(needed))
-    if status != 0:
-        return {"error": f"{name} status {status}"}
-    try:
-        return json.loads(buf.value.decode())
-    except ValueError as e:
-        return {"error": f"{name} returned bad JSON: {e}"}
-
-
-def cupool_stats():
-    """cupool's stats (all devices) as a dict, or None when no cupool is loaded."""
-    return cupool_json("cupool_stats_json")
-
-
-# cupool's monotonic counts read at every step's end, so a stretch of steps (after the
-# warm-up, say) can be told apart from the run's totals: what the pool did per step.
-STEP_COUNT_KEYS = (
-    "num_allocs", "cache_misses", "device_allocs", "device_frees", "alloc_retries",
-    "fences_recorded", "fence_queries", "grow_waits", "grow_wait_us", "fence_device_waits",
-)
-# The VMM arena's counts (`cupool_footprint_json`'s `vmm`), prefixed `vmm_`.
-VMM_COUNT_KEYS = ("maps", "unmaps", "map_calls", "unmap_calls", "create_ns", "map_ns",
-                  "unmap_ns", "release_ns")
-
-
-def cupool_counts(stats, devices):
-    """cupool's monotonic counts as one flat dict of ints: `stats` is `cupool_stats_json`'s
-    dict, `devices` `cupool_footprint_json`'s `devices` list (its `vmm` objects, summed over
-    devices; a library without them gives no `vmm_` keys). None when either is missing."""
-    if not isinstance(stats, dict) or "error" in stats or not isinstance(devices, list):
-        return None
-    out = {k: int(stats[k]) for k in STEP_COUNT_KEYS if k in stats}
-    for d in devices:
-        vmm = d.get("vmm")
-        if isinstance(vmm, dict):
-            for k in VMM_COUNT_KEYS:
-                out["vmm_" + k] = out.get("vmm_" + k, 0) + int(vmm.get(k, 0))
-    return out
-
-
-def count_deltas(before, after):
-    """The counts that moved from `before` to `after` (dicts of ints), as a dict."""
-    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-
-
-TORCH_STAT_KEYS = (
-    "reserved_bytes.all.peak", "allocated_bytes.all.peak", "requested_bytes.all.peak",
-    "active_bytes.all.peak", "inactive_split_bytes.all.peak", "segment.all.peak",
-    "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms",
-    "num_sync_all_streams",
-)
-
-
-def torch_allocator_stats(device_index, check_expandable=False):
-    """PyTorch's caching-allocator peaks and counters (None under no caching and RMM: not
-    counted). Under `cupool.torch.enable()` they are cupool's, through the patched calls."""
-    if not torch_caching_allocator_in_use() and os.environ.get("WORKLOAD_ALLOCATOR") != "cupool":
-        return None
-    out = {
-        "max_memory_reserved": int(torch.cuda.max_memory_reserved(device_index)),
-        "max_memory_allocated": int(torch.cuda.max_memory_allocated(device_index)),
-    }
-    try:
-        stats = torch.cuda.memory_stats(device_index)
-        for k in TORCH_STAT_KEYS:
-            if k in stats:
-                out[k] = int(stats[k])
-    except Exception as e:
-        out["memory_stats_error"] = f"{type(e).__name__}: {e}"
-    if check_expandable:  # did PyTorch take the setting? (an unknown key would have failed)
-        try:
-            segs = torch.cuda.memory._snapshot()["segments"]
-            out["expandable_segments_seen"] = any(s.get("is_expandable") for s in segs)
-        except Exception as e:
-            out["expandable_segments_seen"] = f"unknown ({type(e).__name__})"
-    return out
-
-
-# ---------------------------------------------------------------------------------------
-# PyTorch memory snapshot
-
-
-class SnapshotRecorder:
-    """Records PyTorch's allocation history (no stack traces: they would make the pickle
-    tens of times larger) and writes the snapshot at the end."""
-
-    def __init__(self, path, max_entries):
-        self.path = path
-        self.max_entries = max_entries
-        self.error = None
-        self.active = False
-
-    def start(self):
-        rec = torch.cuda.memory._record_memory_history
-        try:
-            rec(enabled="all", context=None, stacks="python", max_entries=self.max_entries)
-            self.active = True
-        except TypeError:
-            try:  # torch 2.0's signature
-                rec(True, record_context=False, trace_alloc_max_entries=self.max_entries,
-                    trace_alloc_record_context=False)
-                self.active = True
-            except Exception as e:
-                self.error = f"_record_memory_history unavailable: {type(e).__name__}: {e}"
-        except Exception as e:
-            self.error = f"_record_memory_history failed: {type(e).__name__}: {e}"
-
-    def finish(self):
-        """Writes the snapshot; returns a dict describing it (entries, actions, truncation)."""
-        info = {"path": self.path, "max_entries": self.max_entries, "error": self.error}
-        if not self.active:
-            return info
-        try:
-            snap = torch.cuda.memory._snapshot()
-            try:
-                torch.cuda.memory._record_memory_history(enabled=None)
-            except Exception:
-                pass
-            opener = gzip.open if self.path.endswith(".gz") else open
-            with opener(self.path, "wb") as f:
-                pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)
-            traces = snap.get("device_traces", [])
-            actions = {}
-            for dev in traces:
-                for entry in dev:
-                    a = entry.get("action", "?")
-                    actions[a] = actions.get(a, 0) + 1
-            longest = max((len(t) for t in traces), default=0)
-            info.update({
-                "bytes": os.path.getsize(self.path),
-                "entries": sum(len(t) for t in traces),
-                "actions": actions,
-                "segments_at_end": len(snap.get("segments", [])),
-                # A full ring buffer has dropped its oldest entries.
-                "truncated": longest >= self.max_entries,
-            })
-        except Exception as e:
-            info["error"] = f"snapshot failed: {type(e).__name__}: {e}"
-        return info
 
 
 # ---------------------------------------------------------------------------------------

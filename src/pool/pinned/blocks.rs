@@ -10,8 +10,9 @@
 
 use super::{Kind, STREAMLESS};
 use crate::backend::{ContextId, HostPtr};
+use crate::ptr_map::IntMap;
 use crate::status::CupoolStatus;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Blocks are multiples of a page, so every block is page aligned (what `cudaHostAlloc`
 /// gives, and what `O_DIRECT` reads into pinned buffers need).
@@ -69,7 +70,7 @@ pub struct Blocks {
     free_small: BySize,
     free_large: BySize,
     /// Waiting blocks freed on a stream, which that stream may take at once.
-    on_stream: HashMap<(u64, Kind), BySize>,
+    on_stream: IntMap<(u64, Kind), BySize>,
     /// Every waiting block, by (epoch, address): drained oldest first.
     waiting: BTreeSet<(u64, u64)>,
     pub reserved: u64,

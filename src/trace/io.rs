@@ -9,6 +9,7 @@
 //!   addresses already live, with the position of the offending event.
 
 use super::{rmm_csv, snapshot, Action, DriverAction, Position, Reference, Trace, TraceError};
+use crate::ptr_map::PtrMap;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::Path;
@@ -143,8 +144,6 @@ fn write_rows(out: &mut impl Write, trace: &Trace) -> io::Result<()> {
     out.write_all(text.as_bytes())?;
     out.flush()
 }
-
-pub use crate::ptr_map::PtrMap;
 
 /// What [`check_consistency`] knows of an address: live since an event, or freed by one
 /// (`None`: the prelude).

@@ -27,8 +27,8 @@
 //! touched): a real snapshot nests six deep, and a crafted one cannot overflow the caller's
 //! stack unless it is hundreds of KiB of nothing but nesting.
 
-use super::io::PtrMap;
 use super::{Action, Format, Position, Reference, Trace, TraceError, TraceEvent};
+use crate::ptr_map::PtrMap;
 use serde_pickle::{DeOptions, HashableValue, Value};
 use std::collections::BTreeMap;
 

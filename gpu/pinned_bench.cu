@@ -16,7 +16,9 @@
 //   BENCH pinned_h2d <label> <buffer> median_gbps=.. min_gbps=.. max_gbps=.. bytes=67108864
 //   PASS|FAIL <check>[: detail]      INFO ...
 // PINNED_BENCH_CHECKS=name,... runs only those allocators' reuse checks before the timings
-// ("none": none; stream_reuse names the same-stream check).
+// ("none": none; stream_reuse names the same-stream check). PINNED_BENCH_ONLY=name,... times
+// only those allocators. With a cupool library in the process, each pair line also gives the
+// pinned pool's context fences, fence queries and driver allocations per timed pair.
 // Orders: "asc" times 4 KiB, 1 MiB, 64 MiB one after the other, "desc" the other way
 // round (what ran before changes what the pool holds), "mixed" cycles through the three
 // sizes inside each timed batch (reported per pair).
@@ -68,12 +70,39 @@ static bool a_host_alloc(void **p, size_t n) {
 }
 static bool a_malloc_host(void **p, size_t n) { return cudaMallocHost(p, n) == cudaSuccess; }
 static void r_free_host(void *p) { CK(cudaFreeHost(p)); }
+[[noreturn]] static void die_free(const char *who);
+// The driver's entry points as the program reaches them (the interposer's hooks under the
+// preload): what the pool costs behind the hook without the CUDA runtime's own work.
+typedef int (*cu_host_alloc_fn)(void **, size_t, unsigned);
+typedef int (*cu_free_host_fn)(void *);
+static cu_host_alloc_fn cu_host_alloc;
+static cu_free_host_fn cu_free_host;
+static bool a_cu_host_alloc(void **p, size_t n) { return cu_host_alloc(p, n, 0) == 0; }
+static void r_cu_free_host(void *p) {
+  if (cu_free_host(p) != 0) die_free("cuMemFreeHost");
+}
 
 static const size_t KIB = 1024, MIB = 1024 * 1024;
 static const size_t SIZES[3] = {4 * KIB, MIB, 64 * MIB};
 
+// One counter of the pinned pool's statistics JSON (-1 without a cupool library).
+static double host_counter(const char *key) {
+  static char buf[4096];
+  if (!cp_stats_json || cp_stats_json(buf, sizeof buf, nullptr) != 0) return -1;
+  char pattern[64];
+  snprintf(pattern, sizeof pattern, "\"%s\":", key);
+  const char *at = strstr(buf, pattern);
+  return at ? strtod(at + strlen(pattern), nullptr) : -1;
+}
+
 [[noreturn]] static void die(const char *who, size_t n) {
   printf("BENCH_ERROR pinned %s alloc failed (size %zu)\n", who, n);
+  fflush(stdout);
+  exit(3);
+}
+
+[[noreturn]] static void die_free(const char *who) {
+  printf("BENCH_ERROR pinned %s free failed\n", who);
   fflush(stdout);
   exit(3);
 }
@@ -101,12 +130,22 @@ static void bench_case(const char *label, const Allocator &a, const char *order,
   int batch = estimate < 5000.0 ? 1000 : count;
   double per_batch = estimate * batch;
   int repeats = (int)std::min(200.0, std::max(15.0, 1e9 / per_batch));
+  const char *keys[3] = {"fences_recorded", "fence_queries", "driver_allocs"};
+  double before[3];
+  for (int k = 0; k < 3; k++) before[k] = host_counter(keys[k]);
   std::vector<double> per_pair;
   for (int r = 0; r < repeats; r++) per_pair.push_back(time_pairs(a, sizes, count, batch));
   std::sort(per_pair.begin(), per_pair.end());
-  printf("BENCH pinned_pair %s/%s %s/%s median_ns=%.1f p99_ns=%.1f batch=%d repeats=%d\n", label,
+  char counts[160] = "";
+  if (before[0] >= 0) {
+    double pairs = (double)repeats * batch, d[3];
+    for (int k = 0; k < 3; k++) d[k] = (host_counter(keys[k]) - before[k]) / pairs;
+    snprintf(counts, sizeof counts, " fences_per_pair=%.3f queries_per_pair=%.3f driver_allocs_per_pair=%.4f",
+             d[0], d[1], d[2]);
+  }
+  printf("BENCH pinned_pair %s/%s %s/%s median_ns=%.1f p99_ns=%.1f batch=%d repeats=%d%s\n", label,
          a.name, order, size_name, per_pair[per_pair.size() / 2],
-         per_pair[(size_t)(0.99 * (per_pair.size() - 1))], batch, repeats);
+         per_pair[(size_t)(0.99 * (per_pair.size() - 1))], batch, repeats, counts);
   fflush(stdout);
 }
 
@@ -238,6 +277,14 @@ static void check_stream_reuse() {
   CK(cudaFree(d));
 }
 
+// Whether `name` is one of the comma-separated names in `list`.
+static bool listed(const char *list, const char *name) {
+  size_t n = strlen(name);
+  for (const char *at = list; (at = strstr(at, name)) != nullptr; at += n)
+    if ((at == list || at[-1] == ',') && (at[n] == ',' || at[n] == '\0')) return true;
+  return false;
+}
+
 int main(int argc, char **argv) {
   const char *label = argc > 1 ? argv[1] : "run";
   CK(cudaFree(0));
@@ -253,18 +300,34 @@ int main(int argc, char **argv) {
     allocators.push_back({"cupool_host_async", a_cupool_async, r_cupool_async});
   allocators.push_back({"cudaHostAlloc", a_host_alloc, r_free_host});
   allocators.push_back({"cudaMallocHost", a_malloc_host, r_free_host});
+  if (interposed && interposed()) {
+    // The program's own `cuMemHostAlloc` resolves to the interposer's hook.
+    cu_host_alloc = (cu_host_alloc_fn)dlsym(RTLD_DEFAULT, "cuMemHostAlloc");
+    cu_free_host = (cu_free_host_fn)dlsym(RTLD_DEFAULT, "cuMemFreeHost");
+    if (cu_host_alloc && cu_free_host)
+      allocators.push_back({"cuMemHostAlloc", a_cu_host_alloc, r_cu_free_host});
+  }
 
   // Checks first (the timings below leave the pool warm, which would hide a bug).
   // PINNED_BENCH_CHECKS=name,...: only those allocators' reuse checks ("none": no check;
   // for finding what earlier work changes the timings after them).
   const char *only = getenv("PINNED_BENCH_CHECKS");
-  auto checked = [&](const char *name) { return only == nullptr || strstr(only, name) != nullptr; };
+  auto checked = [&](const char *name) { return only == nullptr || listed(only, name); };
   for (const Allocator &a : allocators)
     if (strcmp(a.name, "cupool_host_async") != 0 && checked(a.name)) check_reuse_after_free(a);
   if (cp_alloc_async && cp_free_async && checked("stream_reuse")) check_stream_reuse();
 
+  // PINNED_BENCH_ONLY=name,...: time only those allocators (to see what the others, timed
+  // before them in the same process, change).
+  const Allocator pooled = allocators[0];
+  if (const char *times = getenv("PINNED_BENCH_ONLY")) {
+    std::vector<Allocator> kept;
+    for (const Allocator &a : allocators)
+      if (listed(times, a.name)) kept.push_back(a);
+    allocators = kept;
+  }
   bench_pairs(label, allocators);
-  bench_h2d(label, cp_alloc ? &allocators[0] : nullptr);
+  bench_h2d(label, cp_alloc ? &pooled : nullptr);
 
   if (cp_stats_json) {
     static char buf[2048];

@@ -49,6 +49,7 @@ from allocator_readings import (  # noqa: E402,F401
     torch_allocator_stats, torch_caching_allocator_in_use,
 )
 from device_peak import DevicePeakMonitor  # noqa: E402
+from host_speed import host_probe_ms  # noqa: E402
 
 DEFAULT_SNAPSHOT_MAX_ENTRIES = 4_000_000
 
@@ -216,6 +217,11 @@ class Harness:
         # driver's ioctls and page faults): a step that is slower with as much CPU time
         # waited, one with more CPU time worked.
         self.step_cpu_ms = []
+        # The host-speed probe after each step (`host_probe_ms`), in ms.
+        self.host_probe_ms = []
+        # When each step ended (CLOCK_MONOTONIC, shared by every process of the machine), to
+        # line steps up with `host_canary.py`'s readings.
+        self.step_end_s = []
         self._cpu0 = None
         self.notes = []
         self._t0 = None
@@ -277,6 +283,7 @@ class Harness:
         self.step_cpu_ms.append([round((cpu[0] - self._cpu0[0]) * 1e3, 3),
                                  round((cpu[1] - self._cpu0[1]) * 1e3, 3)])
         self.step_ms.append(ms)
+        self.step_end_s.append(round(time.monotonic(), 6))
         self.losses.append(float(loss))
         print(f"step {len(self.losses) - 1:3d} loss {float(loss):.6f} ms {ms:8.2f} {detail}")
         if self._profiler is not None and len(self.step_ms) == sum(self.kernel_steps):
@@ -287,6 +294,7 @@ class Harness:
             if now is not None:
                 self.step_counts.append(count_deltas(self._counts, now))
                 self._counts = now
+        self.host_probe_ms.append(round(host_probe_ms(), 4))
 
     def result(self, status, extra=None, error=None):
         if status == "ok":
@@ -303,6 +311,9 @@ class Harness:
             "step_ms_median": statistics.median(self.step_ms) if self.step_ms else None,
             "step_ms_total": sum(self.step_ms),
             "step_cpu_ms": self.step_cpu_ms,
+            "step_ms": [round(ms, 4) for ms in self.step_ms],
+            "host_probe_ms": self.host_probe_ms,
+            "step_end_s": self.step_end_s,
             "wall_s": time.perf_counter() - self.wall_start,
             "losses": self.losses,
             "loss_checksum": checksum(self.losses),

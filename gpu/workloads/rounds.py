@@ -28,12 +28,22 @@ of each count in the run's `cupool_step_counts`, median over rounds): misses, dr
 allocations, fences, waits before growing, the VMM arena's map and unmap calls and their
 driver time.
 
+The device machines' CPUs run at about one or about 1.5 to 2.3 times their fastest speed,
+flipping every few tens of ms, each CPU on its own (docs/BENCHMARKS.md): a host-bound step
+slows with them, and a run's share of slow time is most of the spread between two runs of one
+allocator. The workloads time a fixed pure-Python probe after every step (`host_probe_ms`),
+and a second table gives each allocator's factor on native's step with the host's speed
+taken out (a fit of log step time on the step's index and the log of its probe).
+`--canary-cpus` runs `host_canary.py` on other CPUs for the whole call, a record of each
+CPU's speed over time (OUTDIR/canary.CPU.json).
+
 Writes OUTDIR/LABEL.WORKLOAD.rROUND.json (each run's result JSON), OUTDIR/logs/, and
 OUTDIR/rounds.json; prints the table (also OUTDIR/table.txt). Exit status 0 when every run
 succeeded. No run starts after --deadline-s.
 """
 import argparse
 import json
+import math
 import re
 import os
 import statistics
@@ -66,6 +76,10 @@ def parse_args(argv):
                         "initial size (default RMM's, half the free memory)")
     p.add_argument("--cpus", default=None, metavar="LIST",
                    help="CPU list every run is pinned to, as taskset takes it (2-9 or 2,4,6)")
+    p.add_argument("--canary-cpus", default=None, metavar="LIST",
+                   help="run host_canary.py pinned to each of these CPUs for the whole call "
+                        "(OUTDIR/canary.CPU.json): the host's speed over time, read outside "
+                        "the workloads")
     p.add_argument("--async", dest="use_async", action="store_true",
                    help="also PyTorch's backend:cudaMallocAsync")
     p.add_argument("--no-expandable", action="store_true")
@@ -128,6 +142,14 @@ def parse_args(argv):
             p.error(f"--cpus wants a CPU list like 2-9 or 2,4,6, got {args.cpus!r}")
         if not args.cpu_set <= os.sched_getaffinity(0):
             p.error(f"--cpus {args.cpus}: not all of these CPUs are available here")
+    args.canary_set = []
+    if args.canary_cpus:
+        try:
+            args.canary_set = sorted(parse_cpu_list(args.canary_cpus))
+        except ValueError:
+            p.error(f"--canary-cpus wants a CPU list like 11,13, got {args.canary_cpus!r}")
+        if not set(args.canary_set) <= os.sched_getaffinity(0):
+            p.error(f"--canary-cpus {args.canary_cpus}: not all of these CPUs are available here")
     return args, steps, modes
 
 
@@ -177,6 +199,21 @@ def steady_cpu(step_cpu_ms, warmup):
     return [sum(c[0] for c in after) / len(after), sum(c[1] for c in after) / len(after)]
 
 
+# A probe this many times the median of all of them was preempted, not slow: left out.
+PROBE_OUTLIER = 4.0
+# Rounds of backfitting for the host-speed model (it converges in a few dozen).
+FIT_ITERATIONS = 300
+
+
+def probed_steps(res):
+    """A run's step times and the host-speed probe after each (`step_ms`, `host_probe_ms`
+    of its result), as two lists of one length; None without them."""
+    ms, probe = res.get("step_ms"), res.get("host_probe_ms")
+    if not isinstance(ms, list) or not isinstance(probe, list) or len(ms) != len(probe):
+        return None
+    return [ms, probe]
+
+
 def run(args, steps, modes):
     os.makedirs(os.path.join(args.outdir, "logs"), exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if k not in (
@@ -223,7 +260,8 @@ def run(args, steps, modes):
                                steady_counts=steady_counts(res.get("cupool_step_counts"),
                                                            args.warmup_steps),
                                steady_cpu=steady_cpu(res.get("step_cpu_ms"),
-                                                     args.warmup_steps))
+                                                     args.warmup_steps),
+                               probed=probed_steps(res))
                 except (OSError, ValueError) as err:
                     rec["status"] = f"no result ({err.__class__.__name__})"
                 results.append(rec)
@@ -243,7 +281,6 @@ def table(results, args, modes):
         mine = [r for r in results if r["workload"] == name]
         native = [r for r in mine if r["label"] == "native" and r.get("status") == "ok"]
         native_sums = {r.get("checksum") for r in native}
-        native_med = statistics.median(r["step_ms"] for r in native) if native else None
         native_by_round = {r["round"]: r["step_ms"] for r in native
                            if r.get("step_ms") is not None}
         native_steady = {r["round"]: r["steady_ms"] for r in native if r.get("steady_ms")}
@@ -273,6 +310,7 @@ def table(results, args, modes):
             med_text = "-" if med is None else f"{med:.1f}"
             lines.append(f"  {label:<12} {per_round} | {med_text} | {ratio} | "
                          f"{steady_text} | {peak} | {same}")
+        lines.extend(speed_adjusted_lines(mine, modes, args.warmup_steps))
         lines.extend(cpu_lines(mine, modes, args.warmup_steps))
         lines.extend(counts_lines(mine, modes, args.warmup_steps))
     return "\n".join(lines)
@@ -294,6 +332,74 @@ def runs_by_label(runs, modes, *fields):
               and all(r.get(f) for f in fields)]
         if ok:
             yield label, ok
+
+
+def speed_fit(observations):
+    """Least squares of `log step = shape[i] + effect[label] + elasticity * log probe` over
+    (label, step index i, log step, log probe) tuples, native's effect 0, by backfitting
+    (stdlib only). Returns ({label: effect}, elasticity)."""
+    effect = {label: 0.0 for label, *_ in observations}
+    shape, elasticity = {}, 0.0
+    xs = [x for *_, x in observations]
+    x_mean = sum(xs) / len(xs)
+    x_var = sum((x - x_mean) ** 2 for x in xs)
+    for _ in range(FIT_ITERATIONS):
+        sums = {}
+        for label, i, y, x in observations:
+            acc = sums.setdefault(i, [0.0, 0])
+            acc[0] += y - effect[label] - elasticity * x
+            acc[1] += 1
+        shape = {i: t / n for i, (t, n) in sums.items()}
+        sums = {}
+        for label, i, y, x in observations:
+            acc = sums.setdefault(label, [0.0, 0])
+            acc[0] += y - shape[i] - elasticity * x
+            acc[1] += 1
+        effect = {label: (t / n if label != "native" else 0.0) for label, (t, n) in sums.items()}
+        if x_var > 0:
+            rest = [y - shape[i] - effect[label] for label, i, y, _ in observations]
+            r_mean = sum(rest) / len(rest)
+            elasticity = sum((x - x_mean) * (r - r_mean) for x, r in zip(xs, rest)) / x_var
+    return effect, elasticity
+
+
+def speed_adjusted_lines(runs, modes, warmup):
+    """Each allocator against native with the host's speed taken out: each step after the
+    warm-up is one observation, its log time explained by its step index (the same shapes
+    under every allocator: one seed), the allocator, and the log of the host-speed probe
+    timed right after it (`host_probe_ms`), which says how fast the CPU the process ran on
+    was then. The device machines' CPUs run at about one or about 1.5 to 2.3 times their
+    fastest speed, flipping every few tens of ms, each CPU on its own (docs/BENCHMARKS.md), so
+    a run's share of slow time differs from the next run's and is most of their spread. The
+    fit over every round gives each allocator's factor on native's step; one fit per round
+    gives the rounds' spread. Probes over `PROBE_OUTLIER` times the median (preempted) are
+    left out."""
+    probed = list(runs_by_label(runs, modes, "probed"))
+    if "native" not in dict(probed) or len(probed) < 2:
+        return []
+    probes = sorted(p for _, ok in probed for r in ok for p in r["probed"][1][warmup:])
+    if not probes:
+        return []
+    cap = PROBE_OUTLIER * probes[len(probes) // 2]
+
+    def observations(rounds):
+        return [(label, i, math.log(ms), math.log(probe))
+                for label, ok in probed for r in ok if r["round"] in rounds
+                for i, (ms, probe) in enumerate(zip(*r["probed"]))
+                if i >= warmup and ms > 0 and 0 < probe <= cap]
+
+    every = sorted({r["round"] for _, ok in probed for r in ok})
+    pooled, elasticity = speed_fit(observations(set(every)))
+    per_round = [speed_fit(observations({rnd}))[0] for rnd in every]
+    out = [f"  host-speed adjusted, after step {warmup} (log step on log probe and step index; "
+           f"elasticity {elasticity:.2f}): vs native, all rounds | one fit per round"]
+    for label, _ in probed:
+        if label == "native":
+            continue
+        ratios = [math.exp(e[label]) for e in per_round if label in e]
+        out.append(f"  {label:<12} {math.exp(pooled[label]):.2f}x | "
+                   + (ratio_text(ratios) if ratios else "-"))
+    return out
 
 
 def cpu_lines(runs, modes, warmup):
@@ -328,9 +434,35 @@ def counts_lines(runs, modes, warmup):
     return out
 
 
+def start_canaries(args):
+    """One `host_canary.py` per CPU of `--canary-cpus`, pinned there."""
+    procs = []
+    for cpu in args.canary_set:
+        out = os.path.join(args.outdir, f"canary.{cpu}.json")
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "host_canary.py"), out],
+            preexec_fn=lambda cpu=cpu: os.sched_setaffinity(0, {cpu})))
+    return procs
+
+
+def stop_canaries(procs):
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def main(argv):
     args, steps, modes = parse_args(argv)
-    results = run(args, steps, modes)
+    os.makedirs(args.outdir, exist_ok=True)
+    canaries = start_canaries(args)
+    try:
+        results = run(args, steps, modes)
+    finally:
+        stop_canaries(canaries)
     text = table(results, args, modes)
     print(text)
     with open(os.path.join(args.outdir, "table.txt"), "w") as f:

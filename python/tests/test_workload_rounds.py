@@ -54,10 +54,18 @@ STAND_IN = textwrap.dedent(
     cpu = [[step * 0.5 * (2 if i < 7 else 1),
             2.0 if a.mode == "preload" else (4.0 if i % 4 == 2 else 0.0)]
            for i in range(12)]
+    # 24 steps timed with the host-speed probe after each: the host runs at half speed (the
+    # probe twice as long, the step twice as long) at steps 0-5 of native's first round, at
+    # 18-23 of the preload's first round and at 0-15 of its second.
+    rnd = 1 if re.search(r"[.]r1[.]json$", a.out_json) else 2
+    slow = {("native", 1): range(0, 6), ("preload", 1): range(18, 24),
+            ("preload", 2): range(0, 16)}.get((a.mode, rnd), range(0))
+    factor = [2.0 if i in slow else 1.0 for i in range(24)]
     with open(a.out_json, "w") as f:
         json.dump({"status": "ok", "step_ms_median": step, "device_peak_bytes": peak,
                    "loss_checksum": repr(losses), "cupool": None,
-                   "cupool_step_counts": counts, "step_cpu_ms": cpu}, f)
+                   "cupool_step_counts": counts, "step_cpu_ms": cpu,
+                   "step_ms": [step * x for x in factor], "host_probe_ms": factor}, f)
     """
 )
 
@@ -227,3 +235,39 @@ def test_host_cpu_per_step_leaves_out_the_warm_up_steps(tmp_path):
     assert row(table[head:], "native").split("|")[1] == " 7.9 (7.9-7.9) "
     # Three ticks in twelve steps: the mean, where the median step read 0.
     assert row(table[head:], "native").split("|")[2] == " 1.0 (1.0-1.0)"
+
+
+def test_the_hosts_speed_is_taken_out_of_the_comparison(tmp_path):
+    _, out = run_rounds(tmp_path, "--warmup-steps", "0")
+    table = (out / "table.txt").read_text()
+    head = table.index("host-speed adjusted, after step 0")
+    # Every step takes twice as long where the probe does: elasticity 1, found exactly.
+    assert "elasticity 1.00" in table[head:].splitlines()[0]
+    adjusted = table[head:]
+    # Native's slow steps 0-5 (round 1) and the preload's 18-23 and 0-15 do not move the
+    # factors: 12 ms against 10 in every round, 9 for expandable (never slow).
+    assert row(adjusted, "same") == "  same         1.20x | 1.20x (1.20-1.20); 0 of 2"
+    assert row(adjusted, "expandable") == "  expandable   0.90x | 0.90x (0.90-0.90); 2 of 2"
+    # The runs' steps and probes are kept in rounds.json: the preload's second round ran 16
+    # of its 24 steps at half speed, twice native's time over the run before adjustment.
+    raw = json.loads((out / "rounds.json").read_text())["results"]
+    second = next(r for r in raw if r["label"] == "same" and r["round"] == 2)
+    assert second["probed"][1].count(2.0) == 16
+    assert sum(second["probed"][0]) == 2 * 10.0 * 24
+    # With the warm-up left out, the same.
+    _, out = run_rounds(tmp_path, "--warmup-steps", "10")
+    table = (out / "table.txt").read_text()
+    adjusted = table[table.index("host-speed adjusted, after step 10"):]
+    assert row(adjusted, "same") == "  same         1.20x | 1.20x (1.20-1.20); 0 of 2"
+
+
+def test_canaries_read_the_hosts_speed_for_the_whole_call(tmp_path):
+    cpu = min(os.sched_getaffinity(0))
+    done, out = run_rounds(tmp_path, "--canary-cpus", str(cpu))
+    assert done.returncode == 1  # the failing preload
+    readings = json.loads((out / f"canary.{cpu}.json").read_text())
+    assert readings, "a canary that ran for the whole call read the host at least once"
+    times = [t for t, _ in readings]
+    assert times == sorted(times) and all(ms > 0 for _, ms in readings)
+    done, _ = run_rounds(tmp_path, "--canary-cpus", str(max(os.sched_getaffinity(0)) + 1))
+    assert done.returncode == 2 and "not all of these CPUs" in done.stderr

@@ -101,6 +101,11 @@ fn streamless_and_stream_ordered_replays_differ_in_fences_not_in_peaks() {
     assert_eq!(ordered.cache_hits, 7);
     // Without a stream, each reuse waits for a context fence.
     assert_eq!(unordered.fences, 7, "{unordered:?}");
+    // Each complete when asked (no simulated lag): one query each, and no device wait
+    // (`fence_waits` is `host` without the preload).
+    assert_eq!(unordered.fence_queries, 7, "{unordered:?}");
+    assert_eq!(unordered.fence_device_waits, 0);
+    assert_eq!((ordered.fence_queries, ordered.fence_device_waits), (0, 0));
     assert_eq!(unordered.streams, 0, "streamless events need no stream");
     for r in [&ordered, &unordered] {
         assert_eq!(r.peak_allocated_bytes, SIZE);
@@ -357,6 +362,8 @@ fn the_json_report_has_the_figures() {
         "\"device_allocs\":1",
         "\"ops\":2",
         "\"ooms\":0",
+        "\"fence_queries\":0",
+        "\"fence_device_waits\":0",
         "\"utilization\":0.000488",
         "\"reference\":null",
         "\"series\":[[",

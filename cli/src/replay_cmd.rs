@@ -189,10 +189,12 @@ fn human_report(path: &Path, trace: &Trace, r: &ReplayReport) -> String {
     }
     let _ = writeln!(
         o,
-        "  driver           {} allocations, {} frees; {} fences",
+        "  driver           {} allocations, {} frees; {} fences, {} fence queries, {} device waits",
         count(r.device_allocs),
         count(r.device_frees),
-        count(r.fences)
+        count(r.fences),
+        count(r.fence_queries),
+        count(r.fence_device_waits)
     );
     if r.map_calls + r.unmap_calls > 0 {
         let _ = writeln!(

@@ -180,6 +180,8 @@ pub fn replay(
         device_allocs: stats.device_allocs,
         device_frees: stats.device_frees,
         fences: stats.fences_recorded,
+        fence_queries: stats.fence_queries,
+        fence_device_waits: stats.fence_device_waits,
         cache_hits: stats.cache_hits,
         cache_misses: stats.cache_misses,
         cross_stream_frees: stats.cross_stream_frees,

@@ -10,7 +10,7 @@ impl ReplayReport {
         let ratio = |r: Option<f64>| r.map_or("null".to_string(), |v| format!("{v:.6}"));
         let mut o = String::with_capacity(1024);
         let _ = write!(o, "{{\"backend\":\"{}\"", self.backend);
-        let counts: [(&str, u64); 22] = [
+        let counts: [(&str, u64); 24] = [
             ("trace_events", self.trace_events as u64),
             ("events", self.events as u64),
             ("ops", self.ops),
@@ -28,6 +28,8 @@ impl ReplayReport {
             ("device_allocs", self.device_allocs),
             ("device_frees", self.device_frees),
             ("fences", self.fences),
+            ("fence_queries", self.fence_queries),
+            ("fence_device_waits", self.fence_device_waits),
             ("cache_hits", self.cache_hits),
             ("cache_misses", self.cache_misses),
             ("cross_stream_frees", self.cross_stream_frees),

@@ -59,6 +59,10 @@ pub struct ReplayReport {
     /// Segments given back to the driver during the trace (the cleanup not counted).
     pub device_frees: u64,
     pub fences: u64,
+    /// Queries of those fences (`cuEventQuery`), and fence passes that made the legacy
+    /// stream wait for a fence instead (`fence_waits:device`, Note [device waits]).
+    pub fence_queries: u64,
+    pub fence_device_waits: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub cross_stream_frees: u64,

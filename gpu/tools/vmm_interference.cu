@@ -1,0 +1,173 @@
+// Does a VMM call cost a program more than the calling thread's wait? The GPT loop's step
+// through cupool.torch.enable() is 7-12% slower than PyTorch's own allocator, about three
+// times the driver time of the arena's map and unmap calls (docs/BENCHMARKS.md, twelfth
+// session). Two ways a call could cost more than its own time:
+//
+//   gpu     a train of short kernels runs on a stream while the host maps, grants and
+//           unmaps 2 MiB handles elsewhere: does the GPU take longer over the train (a call
+//           that stalls or drains the GPU's work)?
+//   launch  a second thread launches kernels while the first maps and unmaps: do its
+//           launches wait (a lock the calls hold in the driver)?
+//
+// Each case runs with and without the calls, ROUNDS times, taking turns. Output lines:
+//   VMMINTF mode=gpu calls=N train_ms=X (N map+grant+unmap cycles during the train)
+//   VMMINTF mode=launch calls=on|off launch_ns_median=X launch_ns_p99=Y cycles=N
+// Build: nvcc -O2 -std=c++17 -arch=sm_90 gpu/tools/vmm_interference.cu -o vmm_intf -lcuda -lpthread
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#define CK(call)                                                                    \
+  do {                                                                              \
+    CUresult rc_ = (call);                                                          \
+    if (rc_ != CUDA_SUCCESS) {                                                      \
+      const char *name_ = "?";                                                      \
+      cuGetErrorName(rc_, &name_);                                                  \
+      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, name_); \
+      exit(1);                                                                      \
+    }                                                                               \
+  } while (0)
+#define RT(call)                                                                       \
+  do {                                                                                 \
+    cudaError_t e_ = (call);                                                           \
+    if (e_ != cudaSuccess) {                                                           \
+      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,             \
+              cudaGetErrorString(e_));                                                 \
+      exit(1);                                                                         \
+    }                                                                                  \
+  } while (0)
+
+static double now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+__global__ void spin_ns(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+__global__ void empty_kernel() {}
+
+// One 2 MiB handle and a reserved range to map it at, over and over.
+struct Mover {
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  size_t size = 0;
+  CUmemAccessDesc access = {};
+
+  explicit Mover(CUdevice dev) {
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    CK(cuMemGetAllocationGranularity(&size, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CK(cuMemAddressReserve(&va, size, 0, 0, 0));
+    CK(cuMemCreate(&handle, size, &prop, 0));
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+
+  // A move as the arena makes one: map and grant, then unmap.
+  void cycle() {
+    CK(cuMemMap(va, size, 0, handle, 0));
+    CK(cuMemSetAccess(va, size, &access, 1));
+    CK(cuMemUnmap(va, size));
+  }
+};
+
+static double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[(size_t)(q * (v.size() - 1))];
+}
+
+// GPU time of KERNELS kernels of KERNEL_NS each, queued on `s`, while the host makes
+// `calls` move cycles once they are queued. Returns ms between the train's two events.
+static float kernel_train(cudaStream_t s, Mover &m, int calls, int kernels, unsigned kernel_ns) {
+  cudaEvent_t a, b;
+  RT(cudaEventCreate(&a));
+  RT(cudaEventCreate(&b));
+  RT(cudaEventRecord(a, s));
+  for (int i = 0; i < kernels; i++) spin_ns<<<1, 1, 0, s>>>(kernel_ns);
+  RT(cudaEventRecord(b, s));
+  for (int i = 0; i < calls; i++) m.cycle();
+  RT(cudaEventSynchronize(b));
+  float ms = 0;
+  RT(cudaEventElapsedTime(&ms, a, b));
+  RT(cudaEventDestroy(a));
+  RT(cudaEventDestroy(b));
+  return ms;
+}
+
+int main(int argc, char **argv) {
+  const int rounds = argc > 1 ? atoi(argv[1]) : 7;
+  RT(cudaFree(0));
+  CUdevice dev;
+  CK(cuCtxGetDevice(&dev));
+  CUcontext ctx;
+  CK(cuCtxGetCurrent(&ctx));
+  Mover mover(dev);
+  cudaStream_t s;
+  RT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  // gpu: 4000 kernels of 5 µs (20 ms of GPU work, queued in a few ms), 0 or 100 cycles.
+  const int kernels = 4000, calls = 100;
+  const unsigned kernel_ns = 5000;
+  kernel_train(s, mover, 10, kernels, kernel_ns);  // warm
+  for (int r = 0; r < rounds; r++) {
+    for (int with : {0, calls}) {
+      double t0 = now_ns();
+      float ms = kernel_train(s, mover, with, kernels, kernel_ns);
+      printf("VMMINTF mode=gpu calls=%d train_ms=%.3f host_ms=%.3f\n", with, ms,
+             (now_ns() - t0) / 1e6);
+    }
+  }
+
+  // launch: a second thread launches 20000 empty kernels, timing each launch.
+  for (int r = 0; r < rounds; r++) {
+    for (bool with : {false, true}) {
+      std::atomic<bool> done{false};
+      std::atomic<long> cycles{0};
+      std::thread mover_thread([&] {
+        CK(cuCtxSetCurrent(ctx));
+        while (!done.load()) {
+          if (with) {
+            mover.cycle();
+            cycles++;
+          } else {
+            std::this_thread::yield();
+          }
+        }
+      });
+      std::vector<double> launch;
+      launch.reserve(20000);
+      for (int i = 0; i < 20000; i++) {
+        double t0 = now_ns();
+        empty_kernel<<<1, 1, 0, s>>>();
+        launch.push_back(now_ns() - t0);
+        if (i % 1000 == 999) RT(cudaStreamSynchronize(s));
+      }
+      done = true;
+      mover_thread.join();
+      RT(cudaStreamSynchronize(s));
+      printf("VMMINTF mode=launch calls=%s launch_ns_median=%.0f launch_ns_p99=%.0f cycles=%ld\n",
+             with ? "on" : "off", percentile(launch, 0.5), percentile(launch, 0.99),
+             cycles.load());
+    }
+  }
+  CK(cuMemRelease(mover.handle));
+  CK(cuMemAddressFree(mover.va, mover.size));
+  RT(cudaStreamDestroy(s));
+  return 0;
+}

@@ -23,6 +23,21 @@
     }                                                                                     \
   } while (0)
 
+#ifdef __cuda_cuda_h__
+// The same for a driver API call, in programs that include <cuda.h> first.
+#define CU_CK(call)                                                                       \
+  do {                                                                                    \
+    CUresult cu_err_ = (call);                                                            \
+    if (cu_err_ != CUDA_SUCCESS) {                                                        \
+      const char *cu_name_ = "?";                                                         \
+      cuGetErrorName(cu_err_, &cu_name_);                                                 \
+      printf("FAIL cuda_call: %s:%d %s -> %s\n", __FILE__, __LINE__, #call, cu_name_);    \
+      fflush(stdout);                                                                     \
+      exit(2);                                                                            \
+    }                                                                                     \
+  } while (0)
+#endif
+
 static int g_failures = 0;
 
 // Prints "PASS name" or "FAIL name: detail"; the suite counts these lines.

@@ -12,29 +12,11 @@
 // each with the GPU idle and with a kernel still running on another stream (does the
 // call wait for the GPU?). Lines: "VMMCOST op=... gpu=idle|busy n=N ns_per_granule=X".
 #include <cuda.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
 
 #include <algorithm>
 #include <vector>
 
-#define CK(call)                                                                    \
-  do {                                                                              \
-    CUresult rc_ = (call);                                                          \
-    if (rc_ != CUDA_SUCCESS) {                                                      \
-      const char *name_ = "?";                                                      \
-      cuGetErrorName(rc_, &name_);                                                  \
-      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, name_); \
-      exit(1);                                                                      \
-    }                                                                               \
-  } while (0)
-
-static double now_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
-}
+#include "common.cuh"
 
 __global__ void spin(long long cycles) {
   long long start = clock64();
@@ -49,31 +31,31 @@ static double median(std::vector<double> v) {
 
 int main(int argc, char **argv) {
   const int repeats = argc > 1 ? atoi(argv[1]) : 15;
-  CK(cuInit(0));
+  CU_CK(cuInit(0));
   CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
+  CU_CK(cuDeviceGet(&dev, 0));
   CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
+  CU_CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CU_CK(cuCtxSetCurrent(ctx));
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = dev;
   size_t g = 0;
-  CK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CU_CK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   CUmemAccessDesc access = {};
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   int clock_khz = 0;
-  CK(cuDeviceGetAttribute(&clock_khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev));
+  CU_CK(cuDeviceGetAttribute(&clock_khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev));
   CUstream side;
-  CK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+  CU_CK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
   printf("VMMCOST granularity=%zu\n", g);
 
   const int ns_list[] = {1, 8, 64};
   for (int n : ns_list) {
     CUdeviceptr base;
-    CK(cuMemAddressReserve(&base, n * g, 0, 0, 0));
+    CU_CK(cuMemAddressReserve(&base, n * g, 0, 0, 0));
     std::vector<CUmemGenericAllocationHandle> h(n);
     for (int busy = 0; busy < 2; busy++) {
       const char *gpu = busy ? "busy" : "idle";
@@ -84,30 +66,30 @@ int main(int argc, char **argv) {
           spin<<<1, 1, 0, (cudaStream_t)side>>>((long long)clock_khz * 20);
         }
         double t = now_ns();
-        for (int i = 0; i < n; i++) CK(cuMemCreate(&h[i], g, &prop, 0));
+        for (int i = 0; i < n; i++) CU_CK(cuMemCreate(&h[i], g, &prop, 0));
         create.push_back((now_ns() - t) / n);
         // Map and grant granule by granule.
         t = now_ns();
         for (int i = 0; i < n; i++) {
-          CK(cuMemMap(base + i * g, g, 0, h[i], 0));
-          CK(cuMemSetAccess(base + i * g, g, &access, 1));
+          CU_CK(cuMemMap(base + i * g, g, 0, h[i], 0));
+          CU_CK(cuMemSetAccess(base + i * g, g, &access, 1));
         }
         map_each.push_back((now_ns() - t) / n);
         t = now_ns();
-        for (int i = 0; i < n; i++) CK(cuMemUnmap(base + i * g, g));
+        for (int i = 0; i < n; i++) CU_CK(cuMemUnmap(base + i * g, g));
         unmap_each.push_back((now_ns() - t) / n);
         // Map granule by granule, grant the whole run at once, unmap the whole run.
         t = now_ns();
-        for (int i = 0; i < n; i++) CK(cuMemMap(base + i * g, g, 0, h[i], 0));
-        CK(cuMemSetAccess(base, n * g, &access, 1));
+        for (int i = 0; i < n; i++) CU_CK(cuMemMap(base + i * g, g, 0, h[i], 0));
+        CU_CK(cuMemSetAccess(base, n * g, &access, 1));
         map_run.push_back((now_ns() - t) / n);
         t = now_ns();
-        CK(cuMemUnmap(base, n * g));
+        CU_CK(cuMemUnmap(base, n * g));
         unmap_run.push_back((now_ns() - t) / n);
         t = now_ns();
-        for (int i = 0; i < n; i++) CK(cuMemRelease(h[i]));
+        for (int i = 0; i < n; i++) CU_CK(cuMemRelease(h[i]));
         release.push_back((now_ns() - t) / n);
-        CK(cuStreamSynchronize(side));
+        CU_CK(cuStreamSynchronize(side));
       }
       printf("VMMCOST op=create gpu=%s n=%d ns_per_granule=%.0f\n", gpu, n, median(create));
       printf("VMMCOST op=map1+access1 gpu=%s n=%d ns_per_granule=%.0f\n", gpu, n,
@@ -122,43 +104,43 @@ int main(int argc, char **argv) {
       for (int r = 0; r < repeats; r++) {
         if (busy) spin<<<1, 1, 0, (cudaStream_t)side>>>((long long)clock_khz * 20);
         CUmemGenericAllocationHandle big;
-        CK(cuMemCreate(&big, n * g, &prop, 0));
+        CU_CK(cuMemCreate(&big, n * g, &prop, 0));
         double t = now_ns();
-        CK(cuMemMap(base, n * g, 0, big, 0));
-        CK(cuMemSetAccess(base, n * g, &access, 1));
+        CU_CK(cuMemMap(base, n * g, 0, big, 0));
+        CU_CK(cuMemSetAccess(base, n * g, &access, 1));
         big_map.push_back((now_ns() - t) / n);
         t = now_ns();
-        CK(cuMemUnmap(base, n * g));
+        CU_CK(cuMemUnmap(base, n * g));
         big_unmap.push_back((now_ns() - t) / n);
-        CK(cuMemRelease(big));
-        CK(cuStreamSynchronize(side));
+        CU_CK(cuMemRelease(big));
+        CU_CK(cuStreamSynchronize(side));
       }
       printf("VMMCOST op=big_map+access gpu=%s n=%d ns_per_granule=%.0f\n", gpu, n,
              median(big_map));
       printf("VMMCOST op=big_unmap gpu=%s n=%d ns_per_granule=%.0f\n", gpu, n,
              median(big_unmap));
     }
-    CK(cuMemAddressFree(base, n * g));
+    CU_CK(cuMemAddressFree(base, n * g));
   }
   // Does an unmap wait for unrelated GPU work? Time one unmap right after launching 20 ms.
   {
     CUdeviceptr base;
-    CK(cuMemAddressReserve(&base, g, 0, 0, 0));
+    CU_CK(cuMemAddressReserve(&base, g, 0, 0, 0));
     CUmemGenericAllocationHandle h;
-    CK(cuMemCreate(&h, g, &prop, 0));
+    CU_CK(cuMemCreate(&h, g, &prop, 0));
     std::vector<double> waits;
     for (int r = 0; r < repeats; r++) {
-      CK(cuMemMap(base, g, 0, h, 0));
-      CK(cuMemSetAccess(base, g, &access, 1));
+      CU_CK(cuMemMap(base, g, 0, h, 0));
+      CU_CK(cuMemSetAccess(base, g, &access, 1));
       spin<<<1, 1, 0, (cudaStream_t)side>>>((long long)clock_khz * 20);
       double t = now_ns();
-      CK(cuMemUnmap(base, g));
+      CU_CK(cuMemUnmap(base, g));
       waits.push_back(now_ns() - t);
-      CK(cuStreamSynchronize(side));
+      CU_CK(cuStreamSynchronize(side));
     }
     printf("VMMCOST op=unmap_during_20ms_kernel n=1 ns=%.0f\n", median(waits));
-    CK(cuMemRelease(h));
-    CK(cuMemAddressFree(base, g));
+    CU_CK(cuMemRelease(h));
+    CU_CK(cuMemAddressFree(base, g));
   }
   printf("VMMCOST done\n");
   return 0;

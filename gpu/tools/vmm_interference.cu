@@ -12,43 +12,15 @@
 // Each case runs with and without the calls, ROUNDS times, taking turns. Output lines:
 //   VMMINTF mode=gpu calls=N train_ms=X (N map+grant+unmap cycles during the train)
 //   VMMINTF mode=launch calls=on|off launch_ns_median=X launch_ns_p99=Y cycles=N
-// Build: nvcc -O2 -std=c++17 -arch=sm_90 gpu/tools/vmm_interference.cu -o vmm_intf -lcuda -lpthread
+// Build: nvcc -O2 -std=c++17 -arch=sm_90 -I gpu gpu/tools/vmm_interference.cu -o vmm_intf -lcuda -lpthread
 #include <cuda.h>
-#include <cuda_runtime.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
 
 #include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
 
-#define CK(call)                                                                    \
-  do {                                                                              \
-    CUresult rc_ = (call);                                                          \
-    if (rc_ != CUDA_SUCCESS) {                                                      \
-      const char *name_ = "?";                                                      \
-      cuGetErrorName(rc_, &name_);                                                  \
-      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, name_); \
-      exit(1);                                                                      \
-    }                                                                               \
-  } while (0)
-#define RT(call)                                                                       \
-  do {                                                                                 \
-    cudaError_t e_ = (call);                                                           \
-    if (e_ != cudaSuccess) {                                                           \
-      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,             \
-              cudaGetErrorString(e_));                                                 \
-      exit(1);                                                                         \
-    }                                                                                  \
-  } while (0)
-
-static double now_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
-}
+#include "common.cuh"
 
 __global__ void spin_ns(unsigned long long ns) {
   unsigned long long start, now;
@@ -72,18 +44,18 @@ struct Mover {
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev;
-    CK(cuMemGetAllocationGranularity(&size, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    CK(cuMemAddressReserve(&va, size, 0, 0, 0));
-    CK(cuMemCreate(&handle, size, &prop, 0));
+    CU_CK(cuMemGetAllocationGranularity(&size, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CU_CK(cuMemAddressReserve(&va, size, 0, 0, 0));
+    CU_CK(cuMemCreate(&handle, size, &prop, 0));
     access.location = prop.location;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   }
 
   // A move as the arena makes one: map and grant, then unmap.
   void cycle() {
-    CK(cuMemMap(va, size, 0, handle, 0));
-    CK(cuMemSetAccess(va, size, &access, 1));
-    CK(cuMemUnmap(va, size));
+    CU_CK(cuMemMap(va, size, 0, handle, 0));
+    CU_CK(cuMemSetAccess(va, size, &access, 1));
+    CU_CK(cuMemUnmap(va, size));
   }
 };
 
@@ -96,30 +68,30 @@ static double percentile(std::vector<double> v, double q) {
 // `calls` move cycles once they are queued. Returns ms between the train's two events.
 static float kernel_train(cudaStream_t s, Mover &m, int calls, int kernels, unsigned kernel_ns) {
   cudaEvent_t a, b;
-  RT(cudaEventCreate(&a));
-  RT(cudaEventCreate(&b));
-  RT(cudaEventRecord(a, s));
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a, s));
   for (int i = 0; i < kernels; i++) spin_ns<<<1, 1, 0, s>>>(kernel_ns);
-  RT(cudaEventRecord(b, s));
+  CK(cudaEventRecord(b, s));
   for (int i = 0; i < calls; i++) m.cycle();
-  RT(cudaEventSynchronize(b));
+  CK(cudaEventSynchronize(b));
   float ms = 0;
-  RT(cudaEventElapsedTime(&ms, a, b));
-  RT(cudaEventDestroy(a));
-  RT(cudaEventDestroy(b));
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
   return ms;
 }
 
 int main(int argc, char **argv) {
   const int rounds = argc > 1 ? atoi(argv[1]) : 7;
-  RT(cudaFree(0));
+  CK(cudaFree(0));
   CUdevice dev;
-  CK(cuCtxGetDevice(&dev));
+  CU_CK(cuCtxGetDevice(&dev));
   CUcontext ctx;
-  CK(cuCtxGetCurrent(&ctx));
+  CU_CK(cuCtxGetCurrent(&ctx));
   Mover mover(dev);
   cudaStream_t s;
-  RT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
   // gpu: 4000 kernels of 5 µs (20 ms of GPU work, queued in a few ms), 0 or 100 cycles.
   const int kernels = 4000, calls = 100;
@@ -140,7 +112,7 @@ int main(int argc, char **argv) {
       std::atomic<bool> done{false};
       std::atomic<long> cycles{0};
       std::thread mover_thread([&] {
-        CK(cuCtxSetCurrent(ctx));
+        CU_CK(cuCtxSetCurrent(ctx));
         while (!done.load()) {
           if (with) {
             mover.cycle();
@@ -156,18 +128,18 @@ int main(int argc, char **argv) {
         double t0 = now_ns();
         empty_kernel<<<1, 1, 0, s>>>();
         launch.push_back(now_ns() - t0);
-        if (i % 1000 == 999) RT(cudaStreamSynchronize(s));
+        if (i % 1000 == 999) CK(cudaStreamSynchronize(s));
       }
       done = true;
       mover_thread.join();
-      RT(cudaStreamSynchronize(s));
+      CK(cudaStreamSynchronize(s));
       printf("VMMINTF mode=launch calls=%s launch_ns_median=%.0f launch_ns_p99=%.0f cycles=%ld\n",
              with ? "on" : "off", percentile(launch, 0.5), percentile(launch, 0.99),
              cycles.load());
     }
   }
-  CK(cuMemRelease(mover.handle));
-  CK(cuMemAddressFree(mover.va, mover.size));
-  RT(cudaStreamDestroy(s));
+  CU_CK(cuMemRelease(mover.handle));
+  CU_CK(cuMemAddressFree(mover.va, mover.size));
+  CK(cudaStreamDestroy(s));
   return 0;
 }

@@ -337,7 +337,9 @@ def runs_by_label(runs, modes, *fields):
 def speed_fit(observations):
     """Least squares of `log step = shape[i] + effect[label] + elasticity * log probe` over
     (label, step index i, log step, log probe) tuples, native's effect 0, by backfitting
-    (stdlib only). Returns ({label: effect}, elasticity)."""
+    (stdlib only). Returns ({label: effect}, elasticity); ({}, 0.0) without observations."""
+    if not observations:
+        return {}, 0.0
     effect = {label: 0.0 for label, *_ in observations}
     shape, elasticity = {}, 0.0
     xs = [x for *_, x in observations]

@@ -271,3 +271,23 @@ def test_canaries_read_the_hosts_speed_for_the_whole_call(tmp_path):
     assert times == sorted(times) and all(ms > 0 for _, ms in readings)
     done, _ = run_rounds(tmp_path, "--canary-cpus", str(max(os.sched_getaffinity(0)) + 1))
     assert done.returncode == 2 and "not all of these CPUs" in done.stderr
+
+
+def test_the_speed_fit_finds_known_effects():
+    sys.path.insert(0, str(REPO / "gpu" / "workloads"))
+    try:
+        import rounds
+    finally:
+        sys.path.pop(0)
+    import math
+    # Steps of three shapes under two allocators, the host's speed varying: log step =
+    # shape + effect + 0.5 * log probe exactly.
+    shapes = [1.0, 2.0, 3.0]
+    effects = {"native": 0.0, "other": math.log(1.1)}
+    obs = [(label, i, shapes[i] + effects[label] + 0.5 * math.log(p), math.log(p))
+           for label in effects for i in range(3) for p in (0.8, 1.3, 1.9 + i / 10)]
+    effect, elasticity = rounds.speed_fit(obs)
+    assert abs(elasticity - 0.5) < 1e-6
+    assert abs(math.exp(effect["other"]) - 1.1) < 1e-6 and effect["native"] == 0.0
+    # Rounds whose runs logged no step past the warm-up: nothing to fit, no error.
+    assert rounds.speed_fit([]) == ({}, 0.0)

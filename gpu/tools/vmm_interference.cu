@@ -8,10 +8,14 @@
 //           that stalls or drains the GPU's work)?
 //   launch  a second thread launches kernels while the first maps and unmaps: do its
 //           launches wait (a lock the calls hold in the driver)?
+//   mappings  with 1, 64, 512 and 2048 mappings of 2 MiB handles held: the host's time for
+//           a memset, a copy from the newest and a launch (does the driver's work per call
+//           grow with the mappings, as an arena of small chunks holds many?)
 //
 // Each case runs with and without the calls, ROUNDS times, taking turns. Output lines:
 //   VMMINTF mode=gpu calls=N train_ms=X (N map+grant+unmap cycles during the train)
 //   VMMINTF mode=launch calls=on|off launch_ns_median=X launch_ns_p99=Y cycles=N
+//   VMMINTF mode=mappings mappings=N memset_ns=X copy_ns=Y launch_ns=Z (medians)
 // Build: nvcc -O2 -std=c++17 -arch=sm_90 -I gpu gpu/tools/vmm_interference.cu -o vmm_intf -lcuda -lpthread
 #include <cuda.h>
 
@@ -137,6 +141,59 @@ int main(int argc, char **argv) {
              with ? "on" : "off", percentile(launch, 0.5), percentile(launch, 0.99),
              cycles.load());
     }
+  }
+  // mappings: what a memset, a copy and a launch cost the host with many mappings held
+  // (one 2 MiB handle each, as an arena of small chunks holds them).
+  {
+    size_t g = mover.size;
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    const int max_maps = 2048;
+    CUdeviceptr base;
+    CU_CK(cuMemAddressReserve(&base, (size_t)max_maps * g, 0, 0, 0));
+    std::vector<CUmemGenericAllocationHandle> handles;
+    void *dst = nullptr;
+    CK(cudaMalloc(&dst, 1 << 20));
+    for (int target : {1, 64, 512, 2048}) {
+      while ((int)handles.size() < target) {
+        CUmemGenericAllocationHandle h;
+        CU_CK(cuMemCreate(&h, g, &prop, 0));
+        CUdeviceptr at = base + handles.size() * g;
+        CU_CK(cuMemMap(at, g, 0, h, 0));
+        CU_CK(cuMemSetAccess(at, g, &mover.access, 1));
+        handles.push_back(h);
+      }
+      // The block the program works on: the last mapping made.
+      void *p = (void *)(base + (handles.size() - 1) * g);
+      for (int r = 0; r < rounds; r++) {
+        std::vector<double> memset_ns, copy_ns, launch_ns;
+        for (int i = 0; i < 2000; i++) {
+          double t0 = now_ns();
+          CK(cudaMemsetAsync(p, 0, 4096, s));
+          double t1 = now_ns();
+          CK(cudaMemcpyAsync(dst, p, 4096, cudaMemcpyDeviceToDevice, s));
+          double t2 = now_ns();
+          empty_kernel<<<1, 1, 0, s>>>();
+          double t3 = now_ns();
+          memset_ns.push_back(t1 - t0);
+          copy_ns.push_back(t2 - t1);
+          launch_ns.push_back(t3 - t2);
+          if (i % 500 == 499) CK(cudaStreamSynchronize(s));
+        }
+        CK(cudaStreamSynchronize(s));
+        printf("VMMINTF mode=mappings mappings=%d memset_ns=%.0f copy_ns=%.0f launch_ns=%.0f\n",
+               (int)handles.size(), percentile(memset_ns, 0.5), percentile(copy_ns, 0.5),
+               percentile(launch_ns, 0.5));
+      }
+    }
+    for (size_t k = 0; k < handles.size(); k++) {
+      CU_CK(cuMemUnmap(base + k * g, g));
+      CU_CK(cuMemRelease(handles[k]));
+    }
+    CU_CK(cuMemAddressFree(base, (size_t)max_maps * g));
+    CK(cudaFree(dst));
   }
   CU_CK(cuMemRelease(mover.handle));
   CU_CK(cuMemAddressFree(mover.va, mover.size));

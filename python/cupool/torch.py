@@ -143,6 +143,64 @@ def enable(shim: bool | None = None, vmm: bool | None = None) -> None:
         _patch(torch)
 
 
+_SHIM_NAME = "cupool_torch_shim"
+
+
+class _build_guard:  # noqa: N801 - used as a context manager, like a function
+    """Note [stale build lock]: PyTorch's ``cpp_extension.load`` builds under a lock file
+    (``lock`` in the build directory) that the building process deletes when it is done. A
+    process killed during the build leaves it behind, and every later ``load`` of the same
+    extension then waits for it forever: ``enable()`` hung on an H100 after an earlier run
+    was killed while it built the shim (docs/BENCHMARKS.md, twelfth session). So cupool's
+    builds also take an ``flock`` on ``cupool.flock`` beside it, which the kernel releases
+    when its holder dies. Whoever holds the flock knows no other cupool process is building,
+    so a ``lock`` it finds is stale: it removes it, with a warning, and builds. Builds of
+    several processes at once (the ranks of a job starting together) still take turns.
+    Without PyTorch's (private) ``_get_build_directory`` the guard does nothing."""
+
+    def __init__(self, cpp_extension: Any, name: str) -> None:
+        self._fd = -1
+        get_dir = getattr(cpp_extension, "_get_build_directory", None)
+        try:
+            self._dir = get_dir(name, False) if get_dir else None
+        except Exception:  # noqa: BLE001 - no guard beats a failed enable()
+            self._dir = None
+
+    def __enter__(self) -> "_build_guard":
+        if self._dir is None:
+            return self
+        import fcntl  # noqa: PLC0415 - POSIX only, like the library
+
+        try:
+            os.makedirs(self._dir, exist_ok=True)
+            path = os.path.join(self._dir, "cupool.flock")
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError:
+            self._release()
+            return self
+        stale = os.path.join(self._dir, "lock")
+        if os.path.exists(stale):
+            try:
+                os.remove(stale)
+                warnings.warn(
+                    f"cupool: removed {stale}, left by a build of the PyTorch allocator shim "
+                    "that was interrupted (PyTorch would wait for it forever)",
+                    stacklevel=3,
+                )
+            except OSError:
+                pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the last descriptor releases the flock
+            self._fd = -1
+
+
 def _install_shim(torch: Any) -> Any:
     """Builds (once; PyTorch caches the build) and installs the C++ allocator of
     ``_torch_shim.cpp``; returns its module."""
@@ -156,13 +214,14 @@ def _install_shim(torch: Any) -> Any:
     source = pathlib.Path(__file__).with_name("_torch_shim.cpp")
     started = time.monotonic()
     try:
-        module = cpp_extension.load(
-            name="cupool_torch_shim",
-            sources=[str(source)],
-            extra_cflags=["-O2"],
-            with_cuda=True,
-            verbose=False,
-        )
+        with _build_guard(cpp_extension, _SHIM_NAME):
+            module = cpp_extension.load(
+                name=_SHIM_NAME,
+                sources=[str(source)],
+                extra_cflags=["-O2"],
+                with_cuda=True,
+                verbose=False,
+            )
     except Exception as e:
         raise RuntimeError(
             f"cupool.torch.enable(shim=True): building {source.name} against PyTorch "

@@ -224,3 +224,71 @@ def test_enable_puts_large_blocks_in_the_vmm_arena_unless_the_user_chose():
         "import torch, cupool, cupool.torch; cupool.torch.enable(shim=False, vmm=False)",
     ):
         assert "vmm off" in check(code + "\nprint('vmm', cupool.config_get('vmm'))")
+
+
+class _StubExtensions:
+    """`torch.utils.cpp_extension` as far as the build guard uses it."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def _get_build_directory(self, name, verbose):
+        return str(self.root / name)
+
+
+def test_a_lock_left_by_a_killed_shim_build_is_removed_not_waited_for(tmp_path):
+    import warnings
+
+    import cupool.torch as ct
+
+    build_dir = tmp_path / "cupool_torch_shim"
+    build_dir.mkdir()
+    (build_dir / "lock").write_text("")  # PyTorch's lock, its builder gone
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with ct._build_guard(_StubExtensions(tmp_path), "cupool_torch_shim"):
+            assert not (build_dir / "lock").exists()
+    assert len(caught) == 1 and "interrupted" in str(caught[0].message)
+    # Nothing to clear: no warning.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with ct._build_guard(_StubExtensions(tmp_path), "cupool_torch_shim"):
+            pass
+    assert not caught
+
+
+def test_a_build_in_progress_is_waited_for_and_its_lock_kept(tmp_path):
+    import fcntl
+    import threading
+    import time
+
+    import cupool.torch as ct
+
+    build_dir = tmp_path / "cupool_torch_shim"
+    build_dir.mkdir()
+    # Another process builds: it holds the flock and PyTorch's lock.
+    builder = os.open(build_dir / "cupool.flock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(builder, fcntl.LOCK_EX)
+    (build_dir / "lock").write_text("")
+    entered = threading.Event()
+
+    def build():
+        with ct._build_guard(_StubExtensions(tmp_path), "cupool_torch_shim"):
+            entered.set()
+
+    waiter = threading.Thread(target=build)
+    waiter.start()
+    time.sleep(0.3)
+    assert not entered.is_set() and (build_dir / "lock").exists()
+    # The build ends: PyTorch deletes its lock, the flock goes with the descriptor.
+    (build_dir / "lock").unlink()
+    os.close(builder)
+    waiter.join(10)
+    assert entered.is_set()
+
+
+def test_without_the_build_directory_the_guard_does_nothing(tmp_path):
+    import cupool.torch as ct
+
+    with ct._build_guard(object(), "cupool_torch_shim") as guard:
+        assert guard._fd == -1

@@ -11,9 +11,12 @@
 //! Prints pairs per second (median of ROUNDS) and the ratio; on two GPUs the same pairs
 //! went from 4.3–5.4 M/s to 2.5–3.0 M/s (docs/BENCHMARKS.md).
 
+mod support;
+
 use cupool::backend::ContextInfo;
 use cupool::runtime::{runtime, Runtime};
 use std::time::Instant;
+use support::median;
 
 const SIZES: [usize; 8] = [512, 1024, 4096, 8192, 16384, 65536, 131072, 262144];
 
@@ -49,11 +52,6 @@ fn rate(rt: &'static Runtime, ctxs: &[ContextInfo], pairs: u64) -> f64 {
         t.join().expect("worker");
     }
     (pairs * ctxs.len() as u64) as f64 / start.elapsed().as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn main() {

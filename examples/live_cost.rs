@@ -9,7 +9,10 @@
 //! cargo run --release --example live_cost [N...]   # default: 10 1000 100000
 //! ```
 
+mod support;
+
 use std::time::Instant;
+use support::{median, numbers_or};
 
 const STEPS: usize = 20_000;
 const ROUNDS: usize = 11;
@@ -32,24 +35,8 @@ impl Lcg {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
-    let counts: Vec<usize> = match std::env::args()
-        .skip(1)
-        .map(|a| a.parse::<usize>())
-        .collect::<Result<Vec<_>, _>>()
-    {
-        Ok(v) if !v.is_empty() => v,
-        Ok(_) => vec![10, 1000, 100_000],
-        Err(e) => {
-            eprintln!("live_cost: live counts are numbers ({e})");
-            std::process::exit(2);
-        }
-    };
+    let counts = numbers_or("live_cost", "live counts", &[10, 1000, 100_000]);
     cupool::config::set("backend", "host").expect("host backend");
     let rt = cupool::runtime::runtime().expect("runtime on the host backend");
     for n in counts {

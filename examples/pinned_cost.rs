@@ -10,30 +10,21 @@
 //!
 //! `PINNED_ONLY=SIZE:streamless` (or `SIZE:ordered`) runs that one loop, for a profiler.
 
+mod support;
+
 use std::time::Instant;
+use support::{median, numbers_or};
 
 const PAIRS: usize = 100_000;
 const ROUNDS: usize = 7;
 const STREAM: usize = 0x1000;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
-    let sizes: Vec<usize> = match std::env::args()
-        .skip(1)
-        .map(|a| a.parse::<usize>())
-        .collect::<Result<Vec<_>, _>>()
-    {
-        Ok(v) if !v.is_empty() => v,
-        Ok(_) => vec![512, 64 << 10, 1 << 20, 64 << 20],
-        Err(e) => {
-            eprintln!("pinned_cost: sizes are numbers of bytes ({e})");
-            std::process::exit(2);
-        }
-    };
+    let sizes = numbers_or(
+        "pinned_cost",
+        "sizes (bytes)",
+        &[512, 64 << 10, 1 << 20, 64 << 20],
+    );
     let only: Option<(usize, bool)> = std::env::var("PINNED_ONLY").ok().and_then(|v| {
         let (size, path) = v.split_once(':')?;
         Some((size.parse().ok()?, path == "streamless"))

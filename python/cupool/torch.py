@@ -20,12 +20,13 @@ while the graph still uses it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import sys
 import threading
 import time
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 from . import _lib, _snapshot, _stats
 
@@ -146,7 +147,8 @@ def enable(shim: bool | None = None, vmm: bool | None = None) -> None:
 _SHIM_NAME = "cupool_torch_shim"
 
 
-class _build_guard:  # noqa: N801 - used as a context manager, like a function
+@contextlib.contextmanager
+def _build_guard(cpp_extension: Any, name: str) -> Iterator[int | None]:
     """Note [stale build lock]: PyTorch's ``cpp_extension.load`` builds under a lock file
     (``lock`` in the build directory) that the building process deletes when it is done. A
     process killed during the build leaves it behind, and every later ``load`` of the same
@@ -156,31 +158,25 @@ class _build_guard:  # noqa: N801 - used as a context manager, like a function
     when its holder dies. Whoever holds the flock knows no other cupool process is building,
     so a ``lock`` it finds is stale: it removes it, with a warning, and builds. Builds of
     several processes at once (the ranks of a job starting together) still take turns.
-    Without PyTorch's (private) ``_get_build_directory`` the guard does nothing."""
+    Yields the flock's descriptor, or None where there is no guard: without PyTorch's
+    (private) ``_get_build_directory``, or when the flock cannot be taken."""
+    import fcntl  # noqa: PLC0415 - POSIX only, like the library
 
-    def __init__(self, cpp_extension: Any, name: str) -> None:
-        self._fd = -1
-        get_dir = getattr(cpp_extension, "_get_build_directory", None)
-        try:
-            self._dir = get_dir(name, False) if get_dir else None
-        except Exception:  # noqa: BLE001 - no guard beats a failed enable()
-            self._dir = None
-
-    def __enter__(self) -> "_build_guard":
-        if self._dir is None:
-            return self
-        import fcntl  # noqa: PLC0415 - POSIX only, like the library
-
-        try:
-            os.makedirs(self._dir, exist_ok=True)
-            path = os.path.join(self._dir, "cupool.flock")
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except OSError:
-            self._release()
-            return self
-        stale = os.path.join(self._dir, "lock")
-        if os.path.exists(stale):
+    get_dir = getattr(cpp_extension, "_get_build_directory", None)
+    fd = -1
+    try:
+        build_dir = get_dir(name, False) if get_dir else None
+        if build_dir is not None:
+            os.makedirs(build_dir, exist_ok=True)
+            fd = os.open(os.path.join(build_dir, "cupool.flock"), os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except Exception:  # noqa: BLE001 - no guard beats a failed enable()
+        if fd >= 0:
+            os.close(fd)
+        fd = -1
+    try:
+        stale = os.path.join(build_dir, "lock") if fd >= 0 else None
+        if stale is not None and os.path.exists(stale):
             try:
                 os.remove(stale)
                 warnings.warn(
@@ -190,15 +186,10 @@ class _build_guard:  # noqa: N801 - used as a context manager, like a function
                 )
             except OSError:
                 pass
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # closing the last descriptor releases the flock
-            self._fd = -1
+        yield fd if fd >= 0 else None
+    finally:
+        if fd >= 0:
+            os.close(fd)  # closing the last descriptor releases the flock
 
 
 def _install_shim(torch: Any) -> Any:

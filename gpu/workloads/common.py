@@ -50,6 +50,7 @@ from allocator_readings import (  # noqa: E402,F401
 )
 from device_peak import DevicePeakMonitor  # noqa: E402
 from host_speed import host_probe_ms  # noqa: E402
+import vmm_cycles  # noqa: E402
 
 DEFAULT_SNAPSHOT_MAX_ENTRIES = 4_000_000
 
@@ -255,6 +256,10 @@ class Harness:
         if rmm_pool:
             self.monitor.start()
             self.allocator = start_rmm_pool()
+        # Move cycles made inside the steps (`vmm_cycles.py`, a diagnostic), and per step
+        # [cycles, ms in them] (`vmm_cycles` in the result).
+        self.cycler = vmm_cycles.install(torch, self.device_index)
+        self.step_vmm_cycles = []
         self.snapshot = None
         if args.snapshot:
             if torch_caching_allocator_in_use():
@@ -283,6 +288,8 @@ class Harness:
         self.step_cpu_ms.append([round((cpu[0] - self._cpu0[0]) * 1e3, 3),
                                  round((cpu[1] - self._cpu0[1]) * 1e3, 3)])
         self.step_ms.append(ms)
+        if self.cycler is not None:
+            self.step_vmm_cycles.append(self.cycler.take())
         self.step_end_s.append(round(time.monotonic(), 6))
         self.losses.append(float(loss))
         print(f"step {len(self.losses) - 1:3d} loss {float(loss):.6f} ms {ms:8.2f} {detail}")
@@ -323,10 +330,11 @@ class Harness:
             "cupool_footprint": self.cupool_footprint(),
             "cupool_step_counts": self.step_counts if self._counts is not None else None,
             "kernel_time": self.kernel_time,
+            "vmm_cycles": self.step_vmm_cycles if self.cycler is not None else None,
             "allocator": self.allocator,
             "env": {k: os.environ.get(k) for k in (
                 "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
-                "LD_PRELOAD", "CUPOOL_TRACE", "CUPOOL_CONF") if os.environ.get(k)},
+                "LD_PRELOAD", "CUPOOL_TRACE", "CUPOOL_CONF", vmm_cycles.ENV) if os.environ.get(k)},
             "torch_version": torch.__version__,
             "device_name": torch.cuda.get_device_name(self.device_index),
             "notes": self.notes,

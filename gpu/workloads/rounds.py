@@ -74,6 +74,9 @@ def parse_args(argv):
                    help="RMM's pool resource through rmm.allocators.torch, the rmm package "
                         "found on PYTHONPATH (empty: installed); INITIAL_BYTES the pool's "
                         "initial size (default RMM's, half the free memory)")
+    p.add_argument("--env", action="append", default=[], metavar="LABEL:KEY=VALUE",
+                   help="set KEY=VALUE in the environment of LABEL's runs only (a diagnostic "
+                        "such as vmm_cycles.py's WORKLOAD_VMM_CYCLES)")
     p.add_argument("--cpus", default=None, metavar="LIST",
                    help="CPU list every run is pinned to, as taskset takes it (2-9 or 2,4,6)")
     p.add_argument("--canary-cpus", default=None, metavar="LIST",
@@ -134,6 +137,14 @@ def parse_args(argv):
         modes.append((label, "rmm", env, {}))
     if len({m[0] for m in modes}) != len(modes):
         p.error("every mode needs its own label")
+    by_label = {m[0]: m[2] for m in modes}
+    for item in args.env:
+        label, _, assignment = item.partition(":")
+        key, eq, value = assignment.partition("=")
+        if not eq or not key or label not in by_label:
+            p.error(f"--env wants LABEL:KEY=VALUE with a LABEL of this run "
+                    f"({', '.join(by_label)}), got {item!r}")
+        by_label[label][key] = value
     args.cpu_set = None
     if args.cpus:
         try:
@@ -187,16 +198,22 @@ def steady_counts(step_counts, warmup):
     return {k: sum(d.get(k, 0) for d in after) / len(after) for k in keys}
 
 
+def steady_pair_means(pairs, warmup):
+    """The mean of each member of a run's per-step pairs after the first `warmup` steps;
+    None without them."""
+    if not isinstance(pairs, list) or len(pairs) <= warmup:
+        return None
+    after = pairs[warmup:]
+    return [sum(c[0] for c in after) / len(after), sum(c[1] for c in after) / len(after)]
+
+
 def steady_cpu(step_cpu_ms, warmup):
     """The process's mean user and system CPU ms per step after the first `warmup` steps
     (from the result's `step_cpu_ms` pairs); None without them. Means, not medians: the
     kernel counts CPU time in ticks (4 ms here), so most steps of a 30 ms loop read 0 ms of
     system time and one in several reads 4, and only the mean over many steps tells how
     much there was (a median read 0.0 for every allocator)."""
-    if not isinstance(step_cpu_ms, list) or len(step_cpu_ms) <= warmup:
-        return None
-    after = step_cpu_ms[warmup:]
-    return [sum(c[0] for c in after) / len(after), sum(c[1] for c in after) / len(after)]
+    return steady_pair_means(step_cpu_ms, warmup)
 
 
 # A probe this many times the median of all of them was preempted, not slow: left out.
@@ -261,7 +278,9 @@ def run(args, steps, modes):
                                                            args.warmup_steps),
                                steady_cpu=steady_cpu(res.get("step_cpu_ms"),
                                                      args.warmup_steps),
-                               probed=probed_steps(res))
+                               probed=probed_steps(res),
+                               steady_vmm_cycles=steady_pair_means(res.get("vmm_cycles"),
+                                                                   args.warmup_steps))
                 except (OSError, ValueError) as err:
                     rec["status"] = f"no result ({err.__class__.__name__})"
                 results.append(rec)
@@ -313,6 +332,7 @@ def table(results, args, modes):
         lines.extend(speed_adjusted_lines(mine, modes, args.warmup_steps))
         lines.extend(cpu_lines(mine, modes, args.warmup_steps))
         lines.extend(counts_lines(mine, modes, args.warmup_steps))
+        lines.extend(cycles_lines(mine, modes, args.warmup_steps))
     return "\n".join(lines)
 
 
@@ -417,6 +437,20 @@ def cpu_lines(runs, modes, warmup):
                 for v in ([r["steady_ms"] for r in ok], [r["steady_cpu"][0] for r in ok],
                           [r["steady_cpu"][1] for r in ok])]
         out.append(f"  {label:<12} " + " | ".join(cols))
+    return out
+
+
+def cycles_lines(runs, modes, warmup):
+    """For each allocator run with `vmm_cycles.py`'s move cycles injected, the cycles and
+    their ms per step after the warm-up (each run's mean, then the median over rounds)."""
+    out = []
+    for label, ok in runs_by_label(runs, modes, "steady_vmm_cycles"):
+        if not out:
+            out.append(f"  injected move cycles per step after step {warmup} (median over "
+                       f"rounds): cycles | ms in them")
+        out.append(f"  {label:<12} "
+                   f"{statistics.median(r['steady_vmm_cycles'][0] for r in ok):.2f} | "
+                   f"{statistics.median(r['steady_vmm_cycles'][1] for r in ok):.3f}")
     return out
 
 

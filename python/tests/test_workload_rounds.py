@@ -41,7 +41,8 @@ STAND_IN = textwrap.dedent(
     with open(a.out_json + ".env", "w") as f:
         json.dump({"cpus": sorted(os.sched_getaffinity(0)),
                    "allocator": os.environ.get("WORKLOAD_ALLOCATOR"),
-                   "rmm_initial": os.environ.get("WORKLOAD_RMM_INITIAL_POOL")}, f)
+                   "rmm_initial": os.environ.get("WORKLOAD_RMM_INITIAL_POOL"),
+                   "cycles": os.environ.get("WORKLOAD_VMM_CYCLES")}, f)
     losses = [1.0, 0.6] if conf == "other_losses:1" else [1.0, 0.5]
     # cupool's counts per step: waits in the 7 slow steps, two map calls every other step.
     counts = None
@@ -65,7 +66,10 @@ STAND_IN = textwrap.dedent(
         json.dump({"status": "ok", "step_ms_median": step, "device_peak_bytes": peak,
                    "loss_checksum": repr(losses), "cupool": None,
                    "cupool_step_counts": counts, "step_cpu_ms": cpu,
-                   "step_ms": [step * x for x in factor], "host_probe_ms": factor}, f)
+                   "step_ms": [step * x for x in factor], "host_probe_ms": factor,
+                   # vmm_cycles.py's injected cycles: i in step i, 0.1 ms each.
+                   "vmm_cycles": ([[i, 0.1 * i] for i in range(12)]
+                                  if os.environ.get("WORKLOAD_VMM_CYCLES") else None)}, f)
     """
 )
 
@@ -291,3 +295,88 @@ def test_the_speed_fit_finds_known_effects():
     assert abs(math.exp(effect["other"]) - 1.1) < 1e-6 and effect["native"] == 0.0
     # Rounds whose runs logged no step past the warm-up: nothing to fit, no error.
     assert rounds.speed_fit([]) == ({}, 0.0)
+
+
+def test_env_reaches_only_its_label_and_the_cycles_are_tabled(tmp_path):
+    done, out = run_rounds(tmp_path, "--env", "same:WORKLOAD_VMM_CYCLES=4:8M")
+    assert done.returncode == 1  # the failing preload
+    for result in out.glob("*.json.env"):
+        cycles = json.loads(result.read_text())["cycles"]
+        assert cycles == ("4:8M" if result.name.startswith("same.") else None), result.name
+    table = (out / "table.txt").read_text()
+    head = table.index("injected move cycles per step after step 10")
+    # Steps 10 and 11: 10.5 cycles and 1.05 ms a step; no other label has cycles.
+    assert row(table[head:], "same") == "  same         10.50 | 1.050"
+    assert not any(line.split()[:1] == ["native"] for line in table[head:].splitlines())
+
+
+def test_env_for_a_label_not_run_is_a_usage_error(tmp_path):
+    done, _ = run_rounds(tmp_path, "--env", "nobody:X=1")
+    assert done.returncode == 2
+    assert "--env wants LABEL:KEY=VALUE" in done.stderr
+    done, _ = run_rounds(tmp_path, "--env", "same:NOVALUE")
+    assert done.returncode == 2
+
+
+def test_vmm_cycles_reads_every_and_bytes():
+    sys.path.insert(0, str(REPO / "gpu" / "workloads"))
+    try:
+        import vmm_cycles
+    finally:
+        sys.path.pop(0)
+    assert vmm_cycles.parse("4:8M") == (4, 8 << 20)
+    assert vmm_cycles.parse("1:2097152") == (1, 2 << 20)
+    assert vmm_cycles.parse("3:1g") == (3, 1 << 30)
+    for bad in ("4", "0:8M", "x:8M", "4:", "4:0", "4:M", "4:8Q"):
+        try:
+            vmm_cycles.parse(bad)
+        except ValueError as err:
+            assert "EVERY:BYTES" in str(err)
+        else:
+            raise AssertionError(f"{bad!r} accepted")
+
+
+def test_step_costs_recovers_what_calls_cost_a_step(tmp_path):
+    """Steps made of a shape, an allocator factor, the host's speed and calls: the fit gives
+    back each call kind's cost per ms and each configuration's factor with no calls."""
+    import math
+    import random
+
+    rng = random.Random(5)
+    shapes = [20.0 + 10.0 * rng.random() for _ in range(40)]
+    arms = [("native", None, 1.00, 0.0), ("cupool", None, 1.03, 0.0),
+            ("cupool", "reserve:5G", 1.01, 0.0), ("cupool", "reserve:5G", 1.01, 2.0)]
+    for k, (mode, conf, factor, injected) in enumerate(arms):
+        for rnd in range(3):
+            ms, probe, counts, cycles = [], [], [], []
+            for i, shape in enumerate(shapes):
+                p = rng.choice([1.0, 1.6])
+                # The calls' shares of the step: a step's ms of calls over its ms.
+                own = 0.0 if mode == "native" else rng.choice([0.0, 0.02, 0.06])
+                inj = injected * rng.choice([0.02, 0.04, 0.06])
+                # Own calls cost 0.5 ms per ms, injected ones 1 ms per ms; elasticity 0.3.
+                step = shape * factor * p ** 0.3 * math.exp(0.5 * own + 1.0 * inj)
+                ms.append(step)
+                probe.append(p)
+                counts.append({"vmm_map_ns": own * step * 1e6})
+                cycles.append([4, inj * step])
+            res = {"status": "ok", "mode": mode, "env": {"CUPOOL_CONF": conf} if conf else {},
+                   "step_ms": ms, "host_probe_ms": probe,
+                   "cupool_step_counts": counts if mode != "native" else None,
+                   "vmm_cycles": cycles if injected else None}
+            (tmp_path / f"{k}.r{rnd}.json").write_text(json.dumps(res))
+    sys.path.insert(0, str(REPO / "gpu" / "workloads"))
+    try:
+        import step_costs
+    finally:
+        sys.path.pop(0)
+    rows = step_costs.observations([json.loads(p.read_text()) for p in tmp_path.glob("*.json")], 0)
+    effect, (elasticity, injected, own) = step_costs.fit(rows)
+    assert abs(elasticity - 0.3) < 0.02
+    assert abs(injected - 1.0) < 0.01 and abs(own - 0.5) < 0.01
+    assert abs(math.exp(effect["cupool"]) - 1.03) < 0.001
+    # The injected runs are the same arm as their configuration without them.
+    assert set(effect) == {"native", "cupool", "cupool@reserve:5G"}
+    assert abs(math.exp(effect["cupool@reserve:5G"]) - 1.01) < 0.001
+    lines = step_costs.report(str(tmp_path), 0)
+    assert any("a ms of injected move calls costs 1.0" in line for line in lines), lines

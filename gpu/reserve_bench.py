@@ -1,4 +1,4 @@
-"""What a reserve saves (Note [reserve]): the first allocations of a fresh process, with and
+"""What a reserve saves (Note [reserve at start]): the first allocations of a fresh process, with and
 without `reserve`, each in its own process, several processes each, taking turns.
 
   CUPOOL_LIBRARY=.../libcupool.so PYTHONPATH=python python3 gpu/reserve_bench.py [ROUNDS]

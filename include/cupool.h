@@ -993,7 +993,7 @@ void cupool_torch_free(void *ptr, size_t size, int device, struct CUstream_st *s
  * Frees a block `cupool_torch_alloc` returned, on the stream it was allocated on, without
  * being told that stream: the deleter of the C++ shim's tensors (Note [shim deleter]).
  * A block recorded with `cupool_torch_record_stream` (on any stream) is freed without a
- * stream instead (Note [record_stream]). `ptr` NULL does nothing; a pointer cupool did not
+ * stream instead (Note [record stream]). `ptr` NULL does nothing; a pointer cupool did not
  * hand out, or one freed twice, is reported on stderr and otherwise ignored.
  *
  * Note [shim deleter]: PyTorch's pluggable allocator keeps, for every block, the size,

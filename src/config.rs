@@ -34,7 +34,7 @@ pub enum ReserveAmount {
     Fraction(f64),
 }
 
-/// The `reserve` option, parsed (Note [reserve] in `pool/reserve.rs`).
+/// The `reserve` option, parsed (Note [reserve at start] in `pool/reserve.rs`).
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct ReserveSpec {
     /// `None`: every device.

@@ -14,6 +14,10 @@
 // Under Miri the runtime registers no exit or fork handler (`src/runtime.rs`): those
 // handlers and their imports are unused there, and only there.
 #![cfg_attr(miri, allow(dead_code, unused_imports))]
+// The crate's Rust documentation is for its developers (the product's interface is the C
+// header): module notes link to the private items they explain, and `cargo doc
+// --document-private-items` renders them. CI builds the docs with warnings denied.
+#![allow(rustdoc::private_intra_doc_links)]
 
 #[cfg(not(loom))]
 pub mod backend;

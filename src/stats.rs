@@ -4,15 +4,15 @@
 //! Levels (bytes in use, reserved, ...) are `{current, peak}`; flows (allocations, hits,
 //! ...) are monotonic counts; gauges (fragmentation figures, segment counts) are a current
 //! value only, computed when the statistics are read (Note [fragmentation stats] in the
-//! pool module), so no allocation or free pays for them. The field list is declared once, in [`for_each_stat_field!`],
+//! pool module), so no allocation or free pays for them. The field list is declared once, in `for_each_stat_field!`,
 //! and both printers walk it, so text, JSON and the C struct cannot disagree.
 //!
 //! Note [cheap counters]: the allocation fast path must not touch a shared cache line, so
 //! the counters it bumps (allocated/requested bytes, alloc/free counts, hits) live in a
-//! per-thread [`ThreadCounters`] record that only its thread writes (relaxed load + store,
+//! per-thread [`ThreadCounters`](crate::pool::counters::ThreadCounters) record that only its thread writes (relaxed load + store,
 //! no locked instruction) and that a stats reader sums. The slow path's counters (reserved
 //! bytes, device calls, fences, OOMs) change under the device pool lock and live in
-//! [`PoolCounters`]. Peaks of the summed levels are updated whenever a thread's own
+//! the pool's `SlowCounts`. Peaks of the summed levels are updated whenever a thread's own
 //! contribution reaches a new high (see `ThreadCounters::raise_peak`): exact when one thread
 //! allocates, and a lower bound within one thread's swing under concurrency.
 

@@ -259,7 +259,7 @@ proptest! {
     #![proptest_config(model_test_config())]
 
     /// Random sequences: live blocks never overlap, no block exceeds its rounded request by
-    /// the pool's split bound or more (Note [excess]), statistics equal a simple model, the
+    /// the pool's split bound or more (Note [reuse excess]), statistics equal a simple model, the
     /// pool's structure stays consistent, and after all frees, completed work and
     /// empty_cache nothing stays reserved.
     #[test]
@@ -436,7 +436,7 @@ fn stress_many_threads_own_streams_and_cross_thread_frees() {
     );
 }
 
-/// Note [excess]: a cached block of the request's size class that is 1 MiB or more larger
+/// Note [reuse excess]: a cached block of the request's size class that is 1 MiB or more larger
 /// than the request is split down to it (not handed out whole, and the pool does not grow).
 #[test]
 fn a_much_larger_cached_block_is_split_not_handed_out_whole() {

@@ -1,4 +1,4 @@
-//! Note [reserve] in `src/pool/reserve.rs`, on the host backend: the `reserve` option and
+//! Note [reserve at start] in `src/pool/reserve.rs`, on the host backend: the `reserve` option and
 //! `Runtime::reserve` (`cupool_reserve`) take memory at once, the first allocations come
 //! from it without a driver call, releases keep it, and 0 ends it.
 //!

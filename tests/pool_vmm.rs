@@ -398,7 +398,7 @@ fn stats_report_the_arena_mapping() {
     cupool::config::set("vmm", "off").unwrap();
 }
 
-/// Note [footprint]: the pool's account of where its reserved bytes are adds up to them
+/// Note [footprint parts]: the pool's account of where its reserved bytes are adds up to them
 /// exactly. Three blocks laid back to back from the arena's start (3, 3.5 and 3 MiB over
 /// granules 0–4), the middle one freed: its hole keeps 1 MiB of granule 1 and 0.5 MiB of
 /// granule 3 (shared with its neighbours), the arena's free tail 0.5 MiB of granule 4, and
@@ -849,7 +849,7 @@ fn snapshots_show_the_arena_as_its_mapped_runs() {
         .all(|s| !s.arena));
 }
 
-/// Note [chunks], Note [merged chunks]: with `vmm_chunk_divisor`, a pool that is still
+/// Note [arena chunks], Note [merged chunks]: with `vmm_chunk_divisor`, a pool that is still
 /// small creates one-granule chunks; when a later block takes them, they are made again as
 /// chunks of the size the grown pool allows, holding the same memory. A creation that fails
 /// in the middle of a merge leaves the pool consistent and nothing behind.

@@ -155,7 +155,7 @@ fn every_corpus_trace_replays_on_the_host_backend() {
                 if r.ops == 0 {
                     failures.push(format!("{name}: nothing replayed"));
                 }
-                // Note [footprint]: the parts of the reserved bytes at the peak are found
+                // Note [footprint parts]: the parts of the reserved bytes at the peak are found
                 // without overlap, so they never add up to more than the reserved bytes.
                 match r.at_peak {
                     Some(p) if p.footprint.accounted() > p.footprint.reserved => {

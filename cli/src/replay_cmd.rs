@@ -273,7 +273,7 @@ fn human_report(path: &Path, trace: &Trace, r: &ReplayReport) -> String {
     o
 }
 
-/// Where the reserved bytes were at the peak (Note [footprint] in the library), one line a
+/// Where the reserved bytes were at the peak (Note [footprint parts] in the library), one line a
 /// place that held any.
 fn footprint_lines(o: &mut String, p: FootprintAtPeak) {
     use std::fmt::Write;

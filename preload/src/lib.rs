@@ -21,6 +21,8 @@
 // Every exported hook's safety contract is the CUDA driver's (or glibc's, for `dlsym`)
 // for the function of the same name; the hooks accept whatever that function accepts.
 #![allow(clippy::missing_safety_doc)]
+// Its Rust documentation is for developers: notes link to the private items they explain.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod capture;
 pub mod cuda;

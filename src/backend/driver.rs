@@ -149,7 +149,7 @@ pub struct MemAllocationProp {
     pub requested_handle_types: c_int,
     pub location: MemLocation,
     pub win32_handle_meta_data: *mut c_void,
-    /// `allocFlags`: compressionType, gpuDirectRDMACapable, usage, reserved[4].
+    /// `allocFlags`: compressionType, gpuDirectRDMACapable, usage, `reserved[4]`.
     pub alloc_flags: [u8; 8],
 }
 

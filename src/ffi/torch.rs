@@ -18,7 +18,7 @@
 //! exported API, so they reach the copy of cupool that owns the process's pool like every
 //! other call, and no panic leaves them.
 //!
-//! Note [record_stream]: `Tensor.record_stream(s)` says that work on `s` uses the block
+//! Note [record stream]: `Tensor.record_stream(s)` says that work on `s` uses the block
 //! besides its allocation stream. PyTorch frees the block on its allocation stream, and a
 //! stream-ordered free would let that stream reuse it at once, before `s` is done with it.
 //! A block recorded on another stream is therefore freed without a stream: it is reused
@@ -50,7 +50,7 @@ fn hook<T>(fallback: T, body: impl FnOnce() -> T) -> T {
 }
 
 /// Blocks recorded on streams other than the one they were allocated on: block → the
-/// stream handles recorded (Note [record_stream]).
+/// stream handles recorded (Note [record stream]).
 static RECORDED: Mutex<Option<HashMap<usize, Vec<usize>>>> = Mutex::new(None);
 /// How many blocks `RECORDED` holds, so that frees skip its lock while it is empty.
 static RECORDED_COUNT: AtomicUsize = AtomicUsize::new(0);
@@ -199,7 +199,7 @@ pub unsafe extern "C" fn cupool_torch_free(
 /// Frees a block `cupool_torch_alloc` returned, on the stream it was allocated on, without
 /// being told that stream: the deleter of the C++ shim's tensors (Note [shim deleter]).
 /// A block recorded with `cupool_torch_record_stream` (on any stream) is freed without a
-/// stream instead (Note [record_stream]). `ptr` NULL does nothing; a pointer cupool did not
+/// stream instead (Note [record stream]). `ptr` NULL does nothing; a pointer cupool did not
 /// hand out, or one freed twice, is reported on stderr and otherwise ignored.
 ///
 /// Note [shim deleter]: PyTorch's pluggable allocator keeps, for every block, the size,

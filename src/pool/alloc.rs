@@ -94,7 +94,7 @@ impl DevicePool {
         }
         if req.kind == SegmentKind::Large && self.arena_active() {
             // Note [remap last]: memory the arena holds, moved by a few driver calls (Note
-            // [chunks]), before a wait for the device to catch up.
+            // [arena chunks]), before a wait for the device to catch up.
             if let Some(ptr) = self.try_fit(c, req, true) {
                 return Ok(ptr);
             }

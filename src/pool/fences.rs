@@ -188,7 +188,7 @@ impl DevicePool {
             _ => 0,
         };
         // Retire the fences that completed and drain what they cover; the events go back
-        // to the backend with no pool lock held (Note [locks]).
+        // to the backend with no pool lock held (Note [pool locks]).
         let mut moved = 0;
         loop {
             let mut retired = [EventHandle(0); 16];
@@ -322,7 +322,7 @@ impl DevicePool {
     /// A spare copy (Note [lone fences]) is not subject to this: it exists to save fences.
     ///
     /// In the VMM arena, memory freed without a stream need not cover the whole request:
-    /// once drained, its chunks move to the new block (Note [chunks]), which then needs new
+    /// once drained, its chunks move to the new block (Note [arena chunks]), which then needs new
     /// memory only for the rest. So a large request also waits when such frees cover half
     /// of it. A buffer freed and allocated again a little larger every step while the
     /// device is behind (a KV cache grown by `torch.cat`) otherwise holds two copies: host

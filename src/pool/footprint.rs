@@ -1,14 +1,14 @@
 //! Where a pool's reserved bytes are at one moment: what `cupool replay` reports at the
 //! peak, so that a footprint above the live bytes can be traced to its cause.
 //!
-//! Note [footprint]: the reserved bytes split without overlap into
+//! Note [footprint parts]: the reserved bytes split without overlap into
 //! - bytes of blocks the program holds (the `allocated` level);
 //! - freed bytes nobody else may take yet: blocks waiting for a context fence, and blocks
 //!   freed on a stream, which that stream reuses at once and others after a fence;
 //! - in the VMM arena (Note [vmm arena]), free bytes in mapped memory: in granules a block
 //!   in use also touches (the ends of holes between blocks: no granule can be split), in
 //!   free granules of chunks another granule of which is in use (a chunk maps and unmaps
-//!   whole, Note [chunks]), and in chunks wholly free (they move where they are needed);
+//!   whole, Note [arena chunks]), and in chunks wholly free (they move where they are needed);
 //!   then physical memory mapped nowhere (idle);
 //! - in segments, free bytes of segments that also hold blocks in use, and wholly free
 //!   segments (which only a release gives back);
@@ -25,7 +25,7 @@ use super::counters::Level;
 use super::pool_stats::FreeTally;
 use super::{thread_cache, DevicePool, Shared};
 
-/// Where the reserved bytes of one pool are (Note [footprint]); every field is bytes.
+/// Where the reserved bytes of one pool are (Note [footprint parts]); every field is bytes.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Footprint {
     pub reserved: u64,
@@ -69,7 +69,7 @@ impl Footprint {
 }
 
 /// One place of a [`Footprint`]: its key in JSON (`…_bytes`), what it holds in words, and
-/// its bytes. [`Footprint::places`] lists them in the order of Note [footprint], so the
+/// its bytes. [`Footprint::places`] lists them in the order of Note [footprint parts], so the
 /// replay's report, the statistics export and the exit summary name them alike.
 pub struct Place {
     pub key: &'static str,
@@ -78,7 +78,7 @@ pub struct Place {
 }
 
 impl Footprint {
-    /// Every place the reserved bytes may be, in Note [footprint]'s order (wholly free
+    /// Every place the reserved bytes may be, in Note [footprint parts]'s order (wholly free
     /// segments by their bytes; their count is [`Footprint::segments_free_count`]).
     pub fn places(&self) -> [Place; 10] {
         let place = |key, what, bytes| Place { key, what, bytes };
@@ -186,7 +186,7 @@ pub const PEAK_FOOTPRINT_STEP: u64 = 64;
 /// docs/BENCHMARKS.md). Programs stop growing once warm, so the walks stop too. A peak
 /// reset drops it; the next growth takes it again.
 impl DevicePool {
-    /// Where this pool's reserved bytes are now (Note [footprint]).
+    /// Where this pool's reserved bytes are now (Note [footprint parts]).
     pub fn footprint(&self) -> Footprint {
         self.file_all_parked();
         let in_use = thread_cache::sum_level(self.index, Level::Allocated).max(0) as u64;

@@ -18,7 +18,7 @@
 //! - **thread cache**: per thread and stream, recently freed blocks reused with no lock
 //!   ([`thread_cache`]).
 //!
-//! Note [locks]: `shared` (a spin lock) guards the indexes and lists and is held only for
+//! Note [pool locks]: `shared` (a spin lock) guards the indexes and lists and is held only for
 //! short metadata work, never across a backend call. `events` (a blocking mutex, not a spin
 //! lock) serialises recording and polling of context fences (so an event is never
 //! recycled while another thread queries it); it is taken only when a request missed the
@@ -26,10 +26,10 @@
 //! `shared`.
 //!
 //! Where things are: this module holds the registry of pools and the [`DevicePool`] type;
-//! `size_policy` (segment sizes, when to split: Note [excess]), `alloc` (the slow path),
+//! `size_policy` (segment sizes, when to split: Note [reuse excess]), `alloc` (the slow path),
 //! `segments` (growing, splitting, merging, lookup by address), `frees`, `fences` (context
 //! fences, Note [wait before growing], Note [lone fences]), `release`, `pool_stats` (Note
-//! [fragmentation stats]), `footprint` (where the reserved bytes are, Note [footprint]),
+//! [fragmentation stats]), `footprint` (where the reserved bytes are, Note [footprint parts]),
 //! `invariants`, and [`vmm`] (the VMM arena) each add their part of `DevicePool`'s methods;
 //! [`handover`] hands blocks to the program and takes them back outside the pool lock
 //! (thread-cache hits and frees), so the runtime writes no record.
@@ -319,7 +319,7 @@ pub struct DevicePool {
     /// and free; sharing a line made the lines bounce between cores (perf: the loads of
     /// `index` and `ctx.device` in `free`).
     shared: LineApart<spin::Mutex<Shared>>,
-    /// A blocking mutex, not a spin lock: it is held across backend calls (Note [locks]).
+    /// A blocking mutex, not a spin lock: it is held across backend calls (Note [pool locks]).
     events: std::sync::Mutex<()>,
     /// Cap on reserved bytes set for this device through the API, 0 = none,
     /// [`LIMIT_FROM_CONFIG`] = the `memory_limit` option (read when growing, so a change of
@@ -339,7 +339,7 @@ pub struct DevicePool {
     /// Whether large blocks come from a VMM arena (`vmm:on` when the pool was created, and
     /// the backend could reserve one).
     vmm: AtomicBool,
-    /// Bytes the pool keeps through releases (Note [reserve]).
+    /// Bytes the pool keeps through releases (Note [reserve at start]).
     reserve_floor: AtomicU64,
     /// Large blocks freed on their stream, kept for its next request (Note [parked arena
     /// blocks]).

@@ -15,9 +15,9 @@
 //! earlier) is filed at once, so that each stream's blocks reach its age list in the order
 //! they were freed. The stream's next large request swaps the slot empty and, when the
 //! block is exactly the request's rounded size on the same stream and the slow path would
-//! hand out that very block ([`DevicePool::slow_path_hands_out`], one short look under the
+//! hand out that very block ([`DevicePool::slow_path_hands_out`](crate::pool::DevicePool::slow_path_hands_out), one short look under the
 //! pool lock), hands it out: no index, no split, no merge. Otherwise the block is filed as
-//! its free would have filed it ([`DevicePool::free_to_stream`]) and the request goes the
+//! its free would have filed it ([`DevicePool::free_to_stream`](crate::pool::DevicePool::free_to_stream)) and the request goes the
 //! slow way. The 64 MiB pair: 55 ns on the host backend, on the GPU level with the
 //! thread-cache hit.
 //!

@@ -137,7 +137,7 @@ impl DevicePool {
 }
 
 /// Free blocks of the pool's lists, tallied by where their bytes are (Note [fragmentation
-/// stats], Note [footprint]).
+/// stats], Note [footprint parts]).
 #[derive(Default)]
 pub(super) struct FreeTally {
     /// Free bytes per segment (blocks outside the VMM arena), by segment base.

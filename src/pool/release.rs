@@ -27,7 +27,7 @@ impl DevicePool {
 
     /// Gives idle segments back, largest first, until reserved bytes are at most `target`;
     /// then, if still above, the VMM arena's idle memory. Never below the reserve (Note
-    /// [reserve]): a segment whose release would go under it is kept. Returns the bytes
+    /// [reserve at start]): a segment whose release would go under it is kept. Returns the bytes
     /// released.
     fn release_idle_until(&self, c: &ThreadCounters, target: u64) -> u64 {
         if !self.may_order() {

@@ -1,6 +1,6 @@
 //! Claiming memory ahead of need: the `reserve` option and `cupool_reserve`.
 //!
-//! Note [reserve]: a pool asked to reserve N bytes takes from the driver at once what it
+//! Note [reserve at start]: a pool asked to reserve N bytes takes from the driver at once what it
 //! lacks to hold N (one segment, or idle physical chunks of `vmm_chunk` in the VMM arena),
 //! and from then on never releases below N: `empty_cache`, the release bound and the
 //! out-of-memory retry skip segments and chunks whose release would take it under. So
@@ -24,12 +24,12 @@ use crate::status::{CupoolStatus, Result};
 use core::sync::atomic::Ordering;
 
 impl DevicePool {
-    /// Bytes this pool keeps through releases (Note [reserve]).
+    /// Bytes this pool keeps through releases (Note [reserve at start]).
     pub fn reserve_floor(&self) -> u64 {
         self.reserve_floor.load(Ordering::Relaxed)
     }
 
-    /// Applies the `reserve` option to a pool just created (Note [reserve]). A reserve the
+    /// Applies the `reserve` option to a pool just created (Note [reserve at start]). A reserve the
     /// driver cannot give is reported once and the pool goes on without it.
     pub(super) fn reserve_from_config(&self) {
         let Some(spec) = config::reserve() else {
@@ -58,7 +58,7 @@ impl DevicePool {
         }
     }
 
-    /// Makes the pool hold at least `bytes` and keep them (Note [reserve]); returns the
+    /// Makes the pool hold at least `bytes` and keep them (Note [reserve at start]); returns the
     /// bytes taken from the driver now. Over the memory limit, or when the driver has not
     /// that much: `CUPOOL_ERROR_OUT_OF_MEMORY`, and the reserve is what it was.
     pub fn reserve(&self, c: &ThreadCounters, bytes: u64) -> Result<u64> {

@@ -27,7 +27,7 @@ impl DevicePool {
     ) -> Option<(BlockIdx, bool)> {
         let Request { size, kind, .. } = req;
         let (mut idx, offset) = match sh.arena.as_ref() {
-            // Note [placement]: among the fitting blocks, the placement needing the fewest
+            // Note [arena placement]: among the fitting blocks, the placement needing the fewest
             // granules mapped (a remap costs tens of µs on a GPU).
             Some(a) if kind == SegmentKind::Large => {
                 sh.large.find_cheapest(&BLOCKS, size, VMM_FIT_PROBES, |i| {

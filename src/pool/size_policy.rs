@@ -1,5 +1,5 @@
 //! How big things are: which segments a request is carved from, how large they are, and
-//! when a block is split (Note [excess]).
+//! when a block is split (Note [reuse excess]).
 
 use super::block::SegmentKind;
 use super::size_class::ALIGNMENT;
@@ -10,9 +10,9 @@ use crate::config::{self, Key};
 pub const SMALL_MAX: u64 = 1 << 20;
 /// A large block is split only when the remainder is at least this big (smaller remainders
 /// stay with the block: splitting them off would only make fragments). It is also the most
-/// a block handed out may exceed its rounded request by, on every path (Note [excess]).
+/// a block handed out may exceed its rounded request by, on every path (Note [reuse excess]).
 ///
-/// Note [excess]: the shared index splits a larger free block down to the request unless
+/// Note [reuse excess]: the shared index splits a larger free block down to the request unless
 /// the remainder is under this bound, and a segment of a block's own is rounded to 2 MiB
 /// with the same rule; the thread cache, which never splits, hands out a cached block only
 /// when it is less than this bound larger than the request. Before that rule a thread-cache
@@ -49,7 +49,7 @@ impl DevicePool {
     }
 }
 
-/// The smallest remainder worth splitting off a free block of `kind` (Note [excess]); in
+/// The smallest remainder worth splitting off a free block of `kind` (Note [reuse excess]); in
 /// the VMM arena a remainder costs no segment of its own, so the split is exact.
 pub(super) fn split_min(kind: SegmentKind, in_arena: bool) -> u64 {
     match kind {
@@ -76,7 +76,7 @@ mod tests {
     #[test]
     fn remainders_worth_splitting_off() {
         assert_eq!(split_min(SegmentKind::Small, false), ALIGNMENT);
-        // Note [excess]: outside the arena a large block keeps a remainder under 1 MiB.
+        // Note [reuse excess]: outside the arena a large block keeps a remainder under 1 MiB.
         assert_eq!(split_min(SegmentKind::Large, false), LARGE_SPLIT_MIN);
         assert_eq!(split_min(SegmentKind::Large, true), VMM_SPLIT_MIN);
     }

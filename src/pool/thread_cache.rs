@@ -152,7 +152,7 @@ impl ThreadCache {
             return None;
         }
         if d.size - size >= super::LARGE_SPLIT_MIN {
-            // Same class is not close enough (Note [excess] in the pool module): the block
+            // Same class is not close enough (Note [reuse excess] in the pool module): the block
             // goes to its stream's index in the pool, where the slow path that follows
             // this miss splits it down to the request instead of growing.
             bin.len -= 1;

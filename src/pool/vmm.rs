@@ -1,6 +1,6 @@
 //! The VMM arena's driver side (`vmm:on`): reserving the arena, backing blocks with
 //! physical memory, releasing it, and granting peers access. The bookkeeping, and the
-//! notes on how the arena works, are in `arena/mod.rs` (Note [vmm arena], Note [chunks]);
+//! notes on how the arena works, are in `arena/mod.rs` (Note [vmm arena], Note [arena chunks]);
 //! the driver calls of each planned step in `vmm/steps.rs`.
 //!
 //! Mapping and unmapping happen with the pool's `events` mutex held (the lock held across
@@ -91,7 +91,7 @@ impl DevicePool {
 
     /// Maps every unmapped granule under the arena block `idx` (taken by the caller, so
     /// pinned), run by run, from idle chunks, stolen chunks, re-cut chunks, else (with
-    /// `may_create`) new memory within the limit (Note [chunks]). On failure what was
+    /// `may_create`) new memory within the limit (Note [arena chunks]). On failure what was
     /// mapped stays mapped (it is stealable once the caller puts the block back).
     pub(super) fn map_arena_block(
         &self,
@@ -147,7 +147,7 @@ impl DevicePool {
                 create = create.min(free / g);
             }
             let allowed = create;
-            // Note [chunks]: the `vmm_chunk` option, in granules.
+            // Note [arena chunks]: the `vmm_chunk` option, in granules.
             let max_chunk = (chunk_limit(reserved) / g).clamp(1, u32::MAX as u64) as u32;
             let merge = merges_chunks();
             let split = config::get(Key::VmmChunkSplit) as usize;
@@ -225,7 +225,7 @@ impl DevicePool {
         let floor = self.reserve_floor();
         let Some((base, g, taken)) = ({
             let mut sh = self.shared.lock();
-            // Note [reserve]: only what lies above the reserve may go.
+            // Note [reserve at start]: only what lies above the reserve may go.
             let above = sh.reserved.saturating_sub(floor);
             sh.arena
                 .as_mut()
@@ -347,12 +347,12 @@ pub struct VmmStats {
     pub range_bytes: u64,
     pub mapped_bytes: u64,
     pub idle_bytes: u64,
-    /// Granules mapped and unmapped, and the driver calls those took (Note [chunks]).
+    /// Granules mapped and unmapped, and the driver calls those took (Note [arena chunks]).
     pub maps: u64,
     pub unmaps: u64,
     pub map_calls: u64,
     pub unmap_calls: u64,
-    /// Pieces of physical memory mapped now and held (Note [chunks]).
+    /// Pieces of physical memory mapped now and held (Note [arena chunks]).
     pub mapped_chunks: u64,
     pub held_chunks: u64,
     /// Time in the driver's VMM calls (ns): create, map with its access grant, unmap,

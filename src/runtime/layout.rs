@@ -294,7 +294,7 @@ pub fn to_json(segments: &[SegmentView]) -> String {
 }
 
 /// Where one device's reserved bytes are now, and where they were at their peak (Note
-/// [footprint] and Note [footprint at peak] in the pool).
+/// [footprint parts] and Note [footprint at peak] in the pool).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct DeviceFootprint {
     pub device: i32,

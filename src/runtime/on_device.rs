@@ -89,7 +89,7 @@ impl Runtime {
     }
 
     /// Makes the pool of `device` (`None`: the calling thread's current context) hold and
-    /// keep `bytes` (Note [reserve] in `pool/reserve.rs`); returns the bytes taken now.
+    /// keep `bytes` (Note [reserve at start] in `pool/reserve.rs`); returns the bytes taken now.
     pub fn reserve(&self, device: Option<i32>, bytes: u64) -> Result<u64> {
         let pool = match device {
             None => self.current_pool()?,

@@ -100,7 +100,7 @@ impl HostBackend {
 
     /// Simulates a stream capture in progress in `ctx` that the pool was not told about
     /// (the API library alone has no capture hooks): context fences of `ctx` fail with
-    /// [`BackendError::Capturing`] while it is on, as the CUDA backend's probe makes them.
+    /// [`BackendError::Capturing`](crate::backend::BackendError::Capturing) while it is on, as the CUDA backend's probe makes them.
     pub fn set_capturing(&self, ctx: ContextId, on: bool) {
         let mut s = self.state.lock();
         if on {

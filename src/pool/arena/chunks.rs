@@ -1,6 +1,6 @@
 //! The arena's chunks: which pieces of physical memory it holds, where each is mapped or
 //! whether it is idle, and the plans that back a run of unmapped granules from them (Note
-//! [chunks], Note [exported chunks] in `mod.rs`).
+//! [arena chunks], Note [exported chunks] in `mod.rs`).
 
 use super::{Arena, Chunk, ExportedChunk, Step, Taken, NO_CHUNK};
 use std::collections::BTreeSet;
@@ -49,7 +49,7 @@ impl Arena {
         set.range((len + 1, 0)..).next().copied()
     }
 
-    /// Plans how to back the run of `len` unmapped granules from `at` (Note [chunks]):
+    /// Plans how to back the run of `len` unmapped granules from `at` (Note [arena chunks]):
     /// idle chunks that fit, stolen chunks that fit, a larger chunk re-cut, then (with
     /// `create` granules allowed) new memory. Chunks used are taken out of the bookkeeping
     /// at once (the caller gives each back with [`Arena::record_mapped`] or

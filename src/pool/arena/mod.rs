@@ -19,7 +19,7 @@
 //!   and when a block outside it is split (the boundary granule gains a pin).
 //! - Reserved bytes are physical memory held (mapped plus idle chunks).
 //!
-//! Note [chunks]: physical memory is created in **chunks** of one or more adjacent granules
+//! Note [arena chunks]: physical memory is created in **chunks** of one or more adjacent granules
 //! (one `cuMemCreate` handle each), mapped whole and unmapped whole (CUDA maps a handle
 //! from its start and unmaps only whole mappings). The driver's cost is per call, not per
 //! byte: on an H100, mapping and granting a 2 MiB handle takes ~30 µs, a 128 MiB handle
@@ -215,7 +215,7 @@ impl Arena {
         self.idle_granules
     }
 
-    /// Granules of mapped chunks none of whose granules is in use (Note [chunks]).
+    /// Granules of mapped chunks none of whose granules is in use (Note [arena chunks]).
     pub fn stealable_granules(&self) -> u64 {
         self.stealable_granules
     }
@@ -304,7 +304,7 @@ impl Arena {
 
     /// Where in the free block `[ptr, ptr + block)` a request of `size` bytes needs the
     /// fewest granules mapped: at its start, at its end, or at a granule boundary between
-    /// (Note [placement] in `segments.rs`). Returns the unmapped granules and the offset
+    /// (Note [arena placement] in `segments.rs`). Returns the unmapped granules and the offset
     /// from `ptr`; ties go to the start, then the end, then the lowest boundary.
     pub fn placement(&self, ptr: u64, block: u64, size: u64) -> (u64, u64) {
         let mut best = (self.unmapped_count(ptr, size), 0);

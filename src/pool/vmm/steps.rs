@@ -1,4 +1,4 @@
-//! The driver calls of the arena's planned steps (Note [chunks] in `arena/mod.rs`): map,
+//! The driver calls of the arena's planned steps (Note [arena chunks] in `arena/mod.rs`): map,
 //! re-cut, create and release chunks, and note in an [`Outcome`] what became of each, for
 //! the arena's books to take in one go under the pool lock.
 
@@ -58,7 +58,7 @@ const RELEASE: usize = 3;
 
 /// The largest piece of physical memory to create now, for a pool holding `reserved`
 /// bytes: `vmm_chunk`, and with `vmm_chunk_divisor` at most that share of what the pool
-/// holds (Note [chunks]).
+/// holds (Note [arena chunks]).
 pub(super) fn chunk_limit(reserved: u64) -> u64 {
     let chunk = config::get(Key::VmmChunk);
     match config::get(Key::VmmChunkDivisor) {

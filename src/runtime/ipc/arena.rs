@@ -1,7 +1,7 @@
 //! CUDA IPC of blocks of the VMM arena (`vmm:on`).
 //!
 //! Note [ipc of arena blocks]: the driver refuses legacy IPC on memory from `cuMemCreate`,
-//! and an arena block is backed by one or more chunks of such memory (Note [chunks] in
+//! and an arena block is backed by one or more chunks of such memory (Note [arena chunks] in
 //! `pool/arena`). The exporter therefore exports each chunk under the block as a POSIX file
 //! descriptor (kept open, the chunk kept in place for good: Note [exported chunks]) and
 //! writes one registry record with the block's offset in the first chunk and the chunk

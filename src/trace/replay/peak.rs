@@ -1,4 +1,4 @@
-//! Where the reserved bytes were at the replay's peak (Note [footprint] in
+//! Where the reserved bytes were at the replay's peak (Note [footprint parts] in
 //! `src/pool/footprint.rs`): taken after every event that left the pool's reserved bytes
 //! higher than any event before it.
 

@@ -390,9 +390,6 @@ impl Default for BlockTable {
     }
 }
 
-/// An array of `NIL`s, for initialising fixed-size index arrays in constants.
-pub const BLOCK_NIL_ARRAY: [BlockIdx; 8] = [NIL; 8];
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;

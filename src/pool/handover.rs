@@ -28,15 +28,17 @@ impl DevicePool {
         requested: u64,
         stream: StreamRef,
     ) -> Option<(u64, u64)> {
-        let idx = cache.take(self.index, stream.id, size)?;
-        let b = BLOCKS.get(idx);
-        // SAFETY: the block came out of this thread's cache: this thread owns it.
+        let hit = cache.take(self.index, stream.id, size)?;
+        let (ptr, block_size) = (hit.ptr, hit.size());
+        let b = BLOCKS.get(hit.idx);
+        // SAFETY: the block came out of this thread's cache: this thread owns it. Only
+        // written: the cache gave its address and size (Note [bins carry sizes]).
         b.set_place(Place::Allocated);
         let d = unsafe { b.data() };
+        debug_assert_eq!((d.ptr, d.size), (ptr, block_size));
         d.requested = requested;
         d.stream = stream.id;
         d.handle = stream.handle as u64;
-        let (ptr, block_size) = (d.ptr, d.size);
         self.note_allocated(c, block_size, requested);
         b.publish_allocated(ptr);
         Some((ptr, block_size))
@@ -216,7 +218,7 @@ impl Taken {
                 return;
             }
         } else if let Some(cache) = cache {
-            if cache.put(self.pool.index, s, self.idx, self.size) {
+            if cache.put(self.pool.index, s, self.idx, self.size, self.ptr) {
                 return;
             }
         }

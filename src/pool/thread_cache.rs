@@ -18,9 +18,9 @@
 //! and the calling thread flushes its own at once. A thread's cache is flushed when the
 //! thread exits.
 
-use super::block::{BlockIdx, Place, BLOCK_NIL_ARRAY};
+use super::block::{BlockIdx, Place, NIL};
 use super::counters::{Count, Level, ThreadCounters, COUNTS, LEVELS};
-use super::size_class::class_of;
+use super::size_class::{class_of, ALIGNMENT};
 mod kept;
 
 use super::{pool_by_index, StreamRef, BLOCKS, MAX_POOLS};
@@ -39,10 +39,64 @@ pub const BIN_CAP: usize = 8;
 pub const MAX_CACHED_BLOCK: u64 = 64 << 20;
 const CLASSES: usize = class_of(MAX_CACHED_BLOCK) + 1;
 
+/// A block in a bin, with what a search and a hit need of its record: Note [bins carry
+/// sizes].
+#[derive(Copy, Clone)]
+pub struct Cached {
+    pub idx: BlockIdx,
+    /// Its size in units of [`ALIGNMENT`] (at most [`MAX_CACHED_BLOCK`] / 512: fits).
+    units: u32,
+    pub ptr: u64,
+}
+
+impl Cached {
+    const NONE: Cached = Cached {
+        idx: NIL,
+        units: 0,
+        ptr: 0,
+    };
+
+    fn new(idx: BlockIdx, size: u64, ptr: u64) -> Cached {
+        debug_assert!(size <= MAX_CACHED_BLOCK && size % ALIGNMENT == 0);
+        Cached {
+            idx,
+            units: (size / ALIGNMENT) as u32,
+            ptr,
+        }
+    }
+
+    #[inline]
+    pub fn size(&self) -> u64 {
+        self.units as u64 * ALIGNMENT
+    }
+}
+
+/// Note [bins carry sizes]: a bin holds blocks of one size class, whose sizes differ by up
+/// to an eighth of the class's lower bound, so its newest block is smaller than a request
+/// of that class about half the time. Looking at each block's record to find one that fits
+/// would cost a cache miss per block once many blocks are live (10^5 blocks' records span
+/// 12.8 MB), and so would the hit's read of the block's address. So each entry carries the
+/// block's size and address (which do not change while the block is cached): the search
+/// takes the newest block that fits, and a hit only writes the record.
 #[derive(Copy, Clone)]
 struct Bin {
     len: u32,
-    items: [BlockIdx; BIN_CAP],
+    items: [Cached; BIN_CAP],
+}
+
+impl Bin {
+    /// The blocks' indexes, for the pool (`free_to_stream`).
+    fn indexes(&self, range: core::ops::Range<usize>) -> ([BlockIdx; BIN_CAP], usize) {
+        let mut out = [NIL; BIN_CAP];
+        for (o, item) in out.iter_mut().zip(&self.items[range.clone()]) {
+            *o = item.idx;
+        }
+        (out, range.len())
+    }
+
+    fn bytes(&self, range: core::ops::Range<usize>) -> u64 {
+        self.items[range].iter().map(Cached::size).sum()
+    }
 }
 
 struct Slot {
@@ -63,7 +117,7 @@ impl Slot {
         last_use: 0,
         bins: [Bin {
             len: 0,
-            items: BLOCK_NIL_ARRAY,
+            items: [Cached::NONE; BIN_CAP],
         }; CLASSES],
     };
 }
@@ -128,10 +182,10 @@ impl ThreadCache {
         }
     }
 
-    /// A cached block of class `class(size)` for (pool, stream) that is at least `size`
-    /// bytes, taken out of the cache.
+    /// The newest cached block of class `class(size)` for (pool, stream) that is at least
+    /// `size` bytes, taken out of the cache (Note [bins carry sizes]).
     #[inline]
-    pub fn take(&mut self, pool: u16, stream: u64, size: u64) -> Option<BlockIdx> {
+    pub fn take(&mut self, pool: u16, stream: u64, size: u64) -> Option<Cached> {
         if size > MAX_CACHED_BLOCK {
             return None;
         }
@@ -142,40 +196,46 @@ impl ThreadCache {
             .iter_mut()
             .find(|s| s.live && s.stream == stream && s.pool == pool)?;
         let bin = &mut slot.bins[class];
-        if bin.len == 0 {
-            return None;
+        let top = (bin.len as usize).checked_sub(1)?;
+        // The newest block first: a loop that frees and allocates one size takes it.
+        let pos = match bin.items[top].size() >= size {
+            true => top,
+            false => (0..top).rev().find(|&i| bin.items[i].size() >= size)?,
+        };
+        let item = bin.items[pos];
+        if pos != top {
+            bin.items.copy_within(pos + 1..=top, pos);
         }
-        let idx = bin.items[bin.len as usize - 1];
-        // SAFETY: blocks in this thread's cache are owned by this thread.
-        let d = unsafe { BLOCKS.get(idx).data() };
-        if d.size < size {
-            return None;
-        }
-        if d.size - size >= super::LARGE_SPLIT_MIN {
-            // Same class is not close enough (Note [reuse excess] in the pool module): the block
-            // goes to its stream's index in the pool, where the slow path that follows
-            // this miss splits it down to the request instead of growing.
-            bin.len -= 1;
-            self.bytes -= d.size;
+        bin.len -= 1;
+        self.bytes -= item.size();
+        if item.size() - size >= super::LARGE_SPLIT_MIN {
+            // Same class is not close enough (Note [reuse excess] in the pool module): the
+            // block goes to its stream's index in the pool, where the slow path that
+            // follows this miss splits it down to the request instead of growing.
             let stream = StreamRef {
                 id: slot.stream,
                 handle: slot.handle,
             };
             if let Some(p) = pool_by_index(pool) {
                 // SAFETY: the block was in this thread's cache, so this thread owns it.
-                unsafe { p.free_to_stream(stream, &[idx]) };
+                unsafe { p.free_to_stream(stream, &[item.idx]) };
             }
             return None;
         }
-        bin.len -= 1;
-        self.bytes -= d.size;
-        Some(idx)
+        Some(item)
     }
 
     /// Keeps a block freed on `stream`; returns false (and keeps nothing) when the cache
     /// is off for this block or full: then the caller gives it to the pool.
     #[inline]
-    pub fn put(&mut self, pool: u16, stream: StreamRef, idx: BlockIdx, size: u64) -> bool {
+    pub fn put(
+        &mut self,
+        pool: u16,
+        stream: StreamRef,
+        idx: BlockIdx,
+        size: u64,
+        ptr: u64,
+    ) -> bool {
         if self.limits.generation != crate::config::generation() {
             self.limits = Limits::read();
         }
@@ -212,18 +272,13 @@ impl ThreadCache {
             // Full: the older half goes to the pool, in one lock.
             let bin = &mut slot.bins[class];
             let half = BIN_CAP / 2;
-            let older: [BlockIdx; BIN_CAP / 2] = core::array::from_fn(|i| bin.items[i]);
+            let (older, n) = bin.indexes(0..half);
+            self.bytes -= bin.bytes(0..half);
             bin.items.copy_within(half.., 0);
             bin.len -= half as u32;
-            let moved: u64 = older
-                .iter()
-                // SAFETY: owned by this thread's cache.
-                .map(|&i| unsafe { BLOCKS.get(i).data().size })
-                .sum();
-            self.bytes -= moved;
             if let Some(p) = pool_by_index(pool) {
                 // SAFETY: the blocks leave this thread's cache for the pool.
-                unsafe { p.free_to_stream(stream, &older) };
+                unsafe { p.free_to_stream(stream, &older[..n]) };
             }
         }
         let slot = &mut self.slots[pos];
@@ -232,7 +287,7 @@ impl ThreadCache {
         BLOCKS.get(idx).set_place(Place::ThreadCache);
         let d = unsafe { BLOCKS.get(idx).data() };
         d.stream = stream.id;
-        bin.items[bin.len as usize] = idx;
+        bin.items[bin.len as usize] = Cached::new(idx, size, ptr);
         bin.len += 1;
         self.bytes += size;
         true
@@ -272,15 +327,12 @@ impl ThreadCache {
         let pool = pool_by_index(slot.pool);
         let mut bytes = 0;
         for bin in slot.bins.iter_mut().filter(|b| b.len > 0) {
-            let items = &bin.items[..bin.len as usize];
-            // SAFETY: owned by this thread's cache.
-            bytes += items
-                .iter()
-                .map(|&i| unsafe { BLOCKS.get(i).data().size })
-                .sum::<u64>();
+            let all = 0..bin.len as usize;
+            bytes += bin.bytes(all.clone());
+            let (items, n) = bin.indexes(all);
             if let Some(p) = pool {
                 // SAFETY: the blocks leave this thread's cache for the pool.
-                unsafe { p.free_to_stream(stream, items) };
+                unsafe { p.free_to_stream(stream, &items[..n]) };
             }
             bin.len = 0;
         }
@@ -297,6 +349,43 @@ impl ThreadCache {
             self.flush_kept(k);
         }
         self.flush_ready();
+    }
+
+    /// Gives the blocks of `pool` this cache holds in classes from `size`'s up back to it:
+    /// the ones that could serve a request of `size` (split down to it). Returns whether
+    /// any went.
+    ///
+    /// Note [partial flush]: a small request that the cache and the pool's lists cannot
+    /// serve used to take the thread's whole cache back to the pool before the pool grew.
+    /// In a loop of random sizes (`examples/live_cost.rs`) that happened every ~170 pairs,
+    /// and each time the cache refilled through the slow path. Only blocks of the
+    /// request's class and above can serve it by a split (smaller ones only by merging
+    /// with a free neighbour), so those go first, and the whole cache only when they do
+    /// not serve (`alloc_slow`).
+    pub fn flush_pool_from(&mut self, pool: u16, size: u64) -> bool {
+        let first = class_of(size.clamp(ALIGNMENT, MAX_CACHED_BLOCK));
+        let mut bytes = 0;
+        let mut any = false;
+        for slot in self.slots.iter_mut().filter(|s| s.live && s.pool == pool) {
+            let stream = StreamRef {
+                id: slot.stream,
+                handle: slot.handle,
+            };
+            let p = pool_by_index(slot.pool);
+            for bin in slot.bins[first..].iter_mut().filter(|b| b.len > 0) {
+                let all = 0..bin.len as usize;
+                bytes += bin.bytes(all.clone());
+                let (items, n) = bin.indexes(all);
+                if let Some(p) = p {
+                    // SAFETY: the blocks leave this thread's cache for the pool.
+                    unsafe { p.free_to_stream(stream, &items[..n]) };
+                }
+                bin.len = 0;
+                any = true;
+            }
+        }
+        self.bytes -= bytes;
+        any
     }
 
     /// Gives every block of `pool` this cache holds back to it (before that pool grows,

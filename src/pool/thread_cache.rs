@@ -109,6 +109,28 @@ struct Slot {
 }
 
 impl Slot {
+    /// Gives the blocks of classes `first` and above back to the slot's pool, on its
+    /// stream; returns their bytes.
+    fn flush_bins(&mut self, first: usize) -> u64 {
+        let stream = StreamRef {
+            id: self.stream,
+            handle: self.handle,
+        };
+        let pool = pool_by_index(self.pool);
+        let mut bytes = 0;
+        for bin in self.bins[first..].iter_mut().filter(|b| b.len > 0) {
+            let all = 0..bin.len as usize;
+            bytes += bin.bytes(all.clone());
+            let (items, n) = bin.indexes(all);
+            if let Some(p) = pool {
+                // SAFETY: the blocks leave this thread's cache for the pool.
+                unsafe { p.free_to_stream(stream, &items[..n]) };
+            }
+            bin.len = 0;
+        }
+        bytes
+    }
+
     const EMPTY: Slot = Slot {
         live: false,
         pool: 0,
@@ -320,22 +342,7 @@ impl ThreadCache {
         if !slot.live {
             return;
         }
-        let stream = StreamRef {
-            id: slot.stream,
-            handle: slot.handle,
-        };
-        let pool = pool_by_index(slot.pool);
-        let mut bytes = 0;
-        for bin in slot.bins.iter_mut().filter(|b| b.len > 0) {
-            let all = 0..bin.len as usize;
-            bytes += bin.bytes(all.clone());
-            let (items, n) = bin.indexes(all);
-            if let Some(p) = pool {
-                // SAFETY: the blocks leave this thread's cache for the pool.
-                unsafe { p.free_to_stream(stream, &items[..n]) };
-            }
-            bin.len = 0;
-        }
+        let bytes = slot.flush_bins(0);
         slot.live = false;
         self.bytes -= bytes;
     }
@@ -365,27 +372,11 @@ impl ThreadCache {
     pub fn flush_pool_from(&mut self, pool: u16, size: u64) -> bool {
         let first = class_of(size.clamp(ALIGNMENT, MAX_CACHED_BLOCK));
         let mut bytes = 0;
-        let mut any = false;
         for slot in self.slots.iter_mut().filter(|s| s.live && s.pool == pool) {
-            let stream = StreamRef {
-                id: slot.stream,
-                handle: slot.handle,
-            };
-            let p = pool_by_index(slot.pool);
-            for bin in slot.bins[first..].iter_mut().filter(|b| b.len > 0) {
-                let all = 0..bin.len as usize;
-                bytes += bin.bytes(all.clone());
-                let (items, n) = bin.indexes(all);
-                if let Some(p) = p {
-                    // SAFETY: the blocks leave this thread's cache for the pool.
-                    unsafe { p.free_to_stream(stream, &items[..n]) };
-                }
-                bin.len = 0;
-                any = true;
-            }
+            bytes += slot.flush_bins(first);
         }
         self.bytes -= bytes;
-        any
+        bytes > 0
     }
 
     /// Gives every block of `pool` this cache holds back to it (before that pool grows,

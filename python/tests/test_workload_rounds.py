@@ -4,6 +4,7 @@ for, and the table gives each one's steps per round, their median, the median of
 ratios to native's, the same for the steps after the warm-up (from the runs' step lines), its
 device peak range and whether the losses are native's."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -93,6 +94,27 @@ def row(table, label):
     return next(line for line in table.splitlines() if line.split()[:1] == [label])
 
 
+def workload_module(name):
+    """gpu/workloads/NAME.py, imported as the workloads import it (their folder on the
+    path)."""
+    sys.path.insert(0, str(REPO / "gpu" / "workloads"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
+def assert_rejected(parse, values, error, words):
+    """`parse` raises `error`, its message holding `words`, for each of `values`."""
+    for bad in values:
+        try:
+            parse(bad)
+        except error as err:
+            assert words in str(err)
+        else:
+            raise AssertionError(f"{bad!r} accepted")
+
+
 def test_rounds_table(tmp_path):
     done, out = run_rounds(tmp_path)
     assert done.returncode == 1, "a failed run makes the exit status 1"
@@ -162,11 +184,7 @@ def test_the_pools_counts_per_step_leave_out_the_warm_up_steps(tmp_path):
 
 
 def test_counts_come_from_the_stats_and_the_footprints_vmm(monkeypatch):
-    sys.path.insert(0, str(REPO / "gpu" / "workloads"))
-    try:
-        import common
-    finally:
-        sys.path.pop(0)
+    common = workload_module("common")
     stats = {"num_allocs": 5, "grow_waits": 1, "allocated_bytes": {"current": 1, "peak": 2},
              "version": 5}
     devices = [{"device": 0, "vmm": {"map_calls": 3, "map_ns": 900, "enabled": True}},
@@ -184,20 +202,11 @@ def test_counts_come_from_the_stats_and_the_footprints_vmm(monkeypatch):
 
 
 def test_kernel_time_takes_first_and_count():
-    sys.path.insert(0, str(REPO / "gpu" / "workloads"))
-    try:
-        import common
-    finally:
-        sys.path.pop(0)
+    common = workload_module("common")
     assert common.parse_kernel_time(None) is None
     assert common.parse_kernel_time("20:10") == (20, 10)
-    for bad in ("20", "20:0", "a:3", "-1:3", "3:"):
-        try:
-            common.parse_kernel_time(bad)
-        except SystemExit as e:
-            assert "--kernel-time wants FIRST:COUNT" in str(e)
-        else:
-            raise AssertionError(f"{bad!r} accepted")
+    assert_rejected(common.parse_kernel_time, ("20", "20:0", "a:3", "-1:3", "3:"), SystemExit,
+                    "--kernel-time wants FIRST:COUNT")
     args = common.parser("x").parse_args(["--kernel-time", "5:2"])
     assert args.kernel_time == "5:2"
 
@@ -278,11 +287,7 @@ def test_canaries_read_the_hosts_speed_for_the_whole_call(tmp_path):
 
 
 def test_the_speed_fit_finds_known_effects():
-    sys.path.insert(0, str(REPO / "gpu" / "workloads"))
-    try:
-        import rounds
-    finally:
-        sys.path.pop(0)
+    rounds = workload_module("rounds")
     import math
     # Steps of three shapes under two allocators, the host's speed varying: log step =
     # shape + effect + 0.5 * log probe exactly.
@@ -319,21 +324,12 @@ def test_env_for_a_label_not_run_is_a_usage_error(tmp_path):
 
 
 def test_vmm_cycles_reads_every_and_bytes():
-    sys.path.insert(0, str(REPO / "gpu" / "workloads"))
-    try:
-        import vmm_cycles
-    finally:
-        sys.path.pop(0)
+    vmm_cycles = workload_module("vmm_cycles")
     assert vmm_cycles.parse("4:8M") == (4, 8 << 20)
     assert vmm_cycles.parse("1:2097152") == (1, 2 << 20)
     assert vmm_cycles.parse("3:1g") == (3, 1 << 30)
-    for bad in ("4", "0:8M", "x:8M", "4:", "4:0", "4:M", "4:8Q"):
-        try:
-            vmm_cycles.parse(bad)
-        except ValueError as err:
-            assert "EVERY:BYTES" in str(err)
-        else:
-            raise AssertionError(f"{bad!r} accepted")
+    assert_rejected(vmm_cycles.parse, ("4", "0:8M", "x:8M", "4:", "4:0", "4:M", "4:8Q"),
+                    ValueError, "EVERY:BYTES")
 
 
 def test_step_costs_recovers_what_calls_cost_a_step(tmp_path):
@@ -365,11 +361,7 @@ def test_step_costs_recovers_what_calls_cost_a_step(tmp_path):
                    "cupool_step_counts": counts if mode != "native" else None,
                    "vmm_cycles": cycles if injected else None}
             (tmp_path / f"{k}.r{rnd}.json").write_text(json.dumps(res))
-    sys.path.insert(0, str(REPO / "gpu" / "workloads"))
-    try:
-        import step_costs
-    finally:
-        sys.path.pop(0)
+    step_costs = workload_module("step_costs")
     rows = step_costs.observations([json.loads(p.read_text()) for p in tmp_path.glob("*.json")], 0)
     effect, (elasticity, injected, own) = step_costs.fit(rows)
     assert abs(elasticity - 0.3) < 0.02

@@ -151,16 +151,8 @@ fn start() -> core::result::Result<Runtime, CupoolStatus> {
 /// Gives this thread's cached blocks of `pool` back to it (before the pool grows or
 /// retries after running out of memory; the pool asks other threads itself on OOM);
 /// returns whether some went to the pool's fence queue.
-/// `from: Some(size)`: only the blocks that could serve a request of `size`; `None`: all.
-fn flush_own_cache(
-    cache: Option<&mut thread_cache::ThreadCache>,
-    pool: u16,
-    from: Option<u64>,
-) -> bool {
-    cache.is_some_and(|cache| match from {
-        Some(size) => cache.flush_pool_from(pool, size),
-        None => cache.flush_pool(pool),
-    })
+fn flush_own_cache(cache: Option<&mut thread_cache::ThreadCache>, pool: u16) -> bool {
+    cache.is_some_and(|cache| cache.flush_pool(pool))
 }
 
 fn limit_for(device: i32) -> u64 {
@@ -276,7 +268,7 @@ impl Runtime {
                 rounded,
                 size as u64,
                 None,
-                &mut |from| flush_own_cache(cache.as_deref_mut(), pool.index, from),
+                &mut || flush_own_cache(cache.as_deref_mut(), pool.index),
             )
         })
     }
@@ -354,8 +346,8 @@ impl Runtime {
                 seen.block = block;
                 return Ok(ptr);
             }
-            pool.alloc_slow(c, rounded, size as u64, Some(s), &mut |from| {
-                flush_own_cache(cache.as_deref_mut(), pool.index, from)
+            pool.alloc_slow(c, rounded, size as u64, Some(s), &mut || {
+                flush_own_cache(cache.as_deref_mut(), pool.index)
             })
         })
     }

@@ -527,34 +527,3 @@ fn a_bin_serves_a_request_its_newest_block_is_too_small_for() {
     rt.free_async(again, S1).unwrap();
     rt.free_async(still, S1).unwrap();
 }
-
-/// Note [partial flush]: a request that misses the thread's cache and the pool gets back
-/// first only the cached blocks that could serve it by a split (its class and above); the
-/// smaller ones stay cached instead of going to the pool before every growth.
-#[test]
-fn a_miss_gives_back_only_the_cached_blocks_that_could_serve_it() {
-    let (rt, _host, _ctx) = setup();
-    // One 2 MiB small segment, filled: a | c | d | e.
-    let a = rt.alloc_async(1024, S1).unwrap();
-    let c = rt.alloc_async(64 << 10, S1).unwrap();
-    let d = rt.alloc_async(1 << 20, S1).unwrap();
-    let e = rt
-        .alloc_async((2 << 20) - (1 << 20) - (64 << 10) - 1024, S1)
-        .unwrap();
-    assert_eq!(
-        (c, d, e),
-        (a + 1024, c + (64 << 10), d + (1 << 20)),
-        "one segment, in order"
-    );
-    rt.free_async(a, S1).unwrap(); // cached: 1 KiB class
-    rt.free_async(c, S1).unwrap(); // cached: 64 KiB class
-                                   // 40 KiB: no cached block of its class, nothing free in the pool. Giving back the whole
-                                   // cache would merge a and c and carve the request from a's address.
-    let p = rt.alloc_async(40 << 10, S1).unwrap();
-    assert_eq!(p, c, "carved from the 64 KiB block given back");
-    let small = rt.alloc_async(1024, S1).unwrap();
-    assert_eq!(small, a, "the 1 KiB block stayed in the thread's cache");
-    for ptr in [p, small, d, e] {
-        rt.free_async(ptr, S1).unwrap();
-    }
-}

@@ -20,7 +20,7 @@ impl DevicePool {
         size: u64,
         requested: u64,
         stream: Option<StreamRef>,
-        flush_own_cache: &mut dyn FnMut(Option<u64>) -> bool,
+        flush_own_cache: &mut dyn FnMut() -> bool,
     ) -> Result<u64> {
         // Note [parked arena blocks]: every fit below sees the parked blocks, merged with
         // their neighbours as at their free.
@@ -78,14 +78,8 @@ impl DevicePool {
             }
         }
         // Blocks this thread's cache holds are invisible to the search above (the cache
-        // is searched by the request's class only): give them back before growing. Note
-        // [partial flush]: first only those that could serve this request split down.
-        if req.kind == SegmentKind::Small && flush_own_cache(Some(size)) {
-            if let Some(ptr) = self.try_fit(c, req, false) {
-                return Ok(ptr);
-            }
-        }
-        let fenced_flush = flush_own_cache(None);
+        // is searched by the request's class only): give them back before growing.
+        let fenced_flush = flush_own_cache();
         let stealable = req.kind == SegmentKind::Large && self.arena_active();
         if (stealable || fenced_flush) && self.may_order() {
             // Note [vmm arena]: the flushed blocks' granules can be stolen once fenced; and
@@ -124,7 +118,7 @@ impl DevicePool {
             "cupool: device {} out of memory for {size} bytes; waiting for pending frees and releasing cached memory",
             self.ctx.device
         ));
-        flush_own_cache(None);
+        flush_own_cache();
         // Other threads give theirs back at their next call.
         thread_cache::request_flush_all();
         if self.may_order() {

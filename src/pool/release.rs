@@ -146,7 +146,7 @@ impl DevicePool {
         &self,
         c: &ThreadCounters,
         size: u64,
-        flush_own_cache: &mut dyn FnMut(Option<u64>) -> bool,
+        flush_own_cache: &mut dyn FnMut() -> bool,
     ) -> u64 {
         let percent = config::get(Key::ReleaseAbovePercent).min(100);
         if percent == 0 || !self.may_order() {
@@ -160,7 +160,7 @@ impl DevicePool {
         if capacity == 0 || self.reserved() + size <= bound {
             return 0;
         }
-        flush_own_cache(None);
+        flush_own_cache();
         thread_cache::request_flush_all();
         self.advance(Advance::Poll);
         self.release_idle_until(c, bound.saturating_sub(size))

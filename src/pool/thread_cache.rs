@@ -109,16 +109,16 @@ struct Slot {
 }
 
 impl Slot {
-    /// Gives the blocks of classes `first` and above back to the slot's pool, on its
-    /// stream; returns their bytes.
-    fn flush_bins(&mut self, first: usize) -> u64 {
+    /// Gives every block of the slot back to its pool, on its stream; returns their
+    /// bytes.
+    fn flush_bins(&mut self) -> u64 {
         let stream = StreamRef {
             id: self.stream,
             handle: self.handle,
         };
         let pool = pool_by_index(self.pool);
         let mut bytes = 0;
-        for bin in self.bins[first..].iter_mut().filter(|b| b.len > 0) {
+        for bin in self.bins.iter_mut().filter(|b| b.len > 0) {
             let all = 0..bin.len as usize;
             bytes += bin.bytes(all.clone());
             let (items, n) = bin.indexes(all);
@@ -342,7 +342,7 @@ impl ThreadCache {
         if !slot.live {
             return;
         }
-        let bytes = slot.flush_bins(0);
+        let bytes = slot.flush_bins();
         slot.live = false;
         self.bytes -= bytes;
     }
@@ -356,27 +356,6 @@ impl ThreadCache {
             self.flush_kept(k);
         }
         self.flush_ready();
-    }
-
-    /// Gives the blocks of `pool` this cache holds in classes from `size`'s up back to it:
-    /// the ones that could serve a request of `size` (split down to it). Returns whether
-    /// any went.
-    ///
-    /// Note [partial flush]: a small request that the cache and the pool's lists cannot
-    /// serve used to take the thread's whole cache back to the pool before the pool grew.
-    /// In a loop of random sizes (`examples/live_cost.rs`) that happened every ~170 pairs,
-    /// and each time the cache refilled through the slow path. Only blocks of the
-    /// request's class and above can serve it by a split (smaller ones only by merging
-    /// with a free neighbour), so those go first, and the whole cache only when they do
-    /// not serve (`alloc_slow`).
-    pub fn flush_pool_from(&mut self, pool: u16, size: u64) -> bool {
-        let first = class_of(size.clamp(ALIGNMENT, MAX_CACHED_BLOCK));
-        let mut bytes = 0;
-        for slot in self.slots.iter_mut().filter(|s| s.live && s.pool == pool) {
-            bytes += slot.flush_bins(first);
-        }
-        self.bytes -= bytes;
-        bytes > 0
     }
 
     /// Gives every block of `pool` this cache holds back to it (before that pool grows,

@@ -334,7 +334,7 @@ class Harness:
             "allocator": self.allocator,
             "env": {k: os.environ.get(k) for k in (
                 "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
-                "LD_PRELOAD", "CUPOOL_TRACE", "CUPOOL_CONF", vmm_cycles.ENV) if os.environ.get(k)},
+                "LD_PRELOAD", "CUPOOL_TRACE", "CUPOOL_CONF", "CUPOOL_LIBRARY", vmm_cycles.ENV) if os.environ.get(k)},
             "torch_version": torch.__version__,
             "device_name": torch.cuda.get_device_name(self.device_index),
             "notes": self.notes,

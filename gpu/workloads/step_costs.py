@@ -12,7 +12,7 @@ shares of the step:
 
 A coefficient of 1 on a share means a ms of those calls costs the step a ms: the calls cost
 their own time and nothing beside it. Runs whose allocator configuration is the same
-(`--mode` and `CUPOOL_CONF`) are one arm whatever was injected, so the injected calls are
+(`--mode`, the cupool library and `CUPOOL_CONF`) are one arm whatever was injected, so the injected calls are
 compared with the same allocator without them. Each arm's factor is its step against
 native's with no calls at all.
 
@@ -32,9 +32,13 @@ OWN_KEYS = ("vmm_create_ns", "vmm_map_ns", "vmm_unmap_ns", "vmm_release_ns")
 
 
 def arm_of(res):
-    """The allocator configuration a run's result describes: its mode and CUPOOL_CONF."""
-    conf = (res.get("env") or {}).get("CUPOOL_CONF")
-    return res.get("mode", "?") + (f"@{conf}" if conf else "")
+    """The allocator configuration a run's result describes: its mode, its cupool library
+    (`CUPOOL_LIBRARY`, or the preloaded one) when it names one, and CUPOOL_CONF."""
+    env = res.get("env") or {}
+    library = env.get("CUPOOL_LIBRARY") or env.get("LD_PRELOAD")
+    conf = env.get("CUPOOL_CONF")
+    return (res.get("mode", "?") + (f" {library}" if library else "")
+            + (f"@{conf}" if conf else ""))
 
 
 def observations(results, warmup):

@@ -341,8 +341,10 @@ def test_step_costs_recovers_what_calls_cost_a_step(tmp_path):
     rng = random.Random(5)
     shapes = [20.0 + 10.0 * rng.random() for _ in range(40)]
     arms = [("native", None, 1.00, 0.0), ("cupool", None, 1.03, 0.0),
-            ("cupool", "reserve:5G", 1.01, 0.0), ("cupool", "reserve:5G", 1.01, 2.0)]
+            ("cupool", "reserve:5G", 1.01, 0.0), ("cupool", "reserve:5G", 1.01, 2.0),
+            ("cupool/other", None, 1.08, 0.0)]
     for k, (mode, conf, factor, injected) in enumerate(arms):
+        mode, _, library = mode.partition("/")
         for rnd in range(3):
             ms, probe, counts, cycles = [], [], [], []
             for i, shape in enumerate(shapes):
@@ -356,7 +358,10 @@ def test_step_costs_recovers_what_calls_cost_a_step(tmp_path):
                 probe.append(p)
                 counts.append({"vmm_map_ns": own * step * 1e6})
                 cycles.append([4, inj * step])
-            res = {"status": "ok", "mode": mode, "env": {"CUPOOL_CONF": conf} if conf else {},
+            env = {"CUPOOL_CONF": conf} if conf else {}
+            if library:
+                env["CUPOOL_LIBRARY"] = library
+            res = {"status": "ok", "mode": mode, "env": env,
                    "step_ms": ms, "host_probe_ms": probe,
                    "cupool_step_counts": counts if mode != "native" else None,
                    "vmm_cycles": cycles if injected else None}
@@ -367,8 +372,10 @@ def test_step_costs_recovers_what_calls_cost_a_step(tmp_path):
     assert abs(elasticity - 0.3) < 0.02
     assert abs(injected - 1.0) < 0.01 and abs(own - 0.5) < 0.01
     assert abs(math.exp(effect["cupool"]) - 1.03) < 0.001
-    # The injected runs are the same arm as their configuration without them.
-    assert set(effect) == {"native", "cupool", "cupool@reserve:5G"}
+    # The injected runs are the same arm as their configuration without them; another
+    # library is another arm.
+    assert set(effect) == {"native", "cupool", "cupool@reserve:5G", "cupool other"}
+    assert abs(math.exp(effect["cupool other"]) - 1.08) < 0.001
     assert abs(math.exp(effect["cupool@reserve:5G"]) - 1.01) < 0.001
     lines = step_costs.report(str(tmp_path), 0)
     assert any("a ms of injected move calls costs 1.0" in line for line in lines), lines

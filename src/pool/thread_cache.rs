@@ -77,7 +77,9 @@ impl Cached {
 /// would cost a cache miss per block once many blocks are live (10^5 blocks' records span
 /// 12.8 MB), and so would the hit's read of the block's address. So each entry carries the
 /// block's size and address (which do not change while the block is cached): the search
-/// takes the newest block that fits, and a hit only writes the record.
+/// takes the newest block that fits, and a hit only writes the record. The price is host
+/// memory: a bin of 8 entries is 136 bytes instead of 36, each thread's cache about 75 KB
+/// instead of 20 KB.
 #[derive(Copy, Clone)]
 struct Bin {
     len: u32,

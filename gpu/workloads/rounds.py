@@ -354,35 +354,62 @@ def runs_by_label(runs, modes, *fields):
             yield label, ok
 
 
-def speed_fit(observations):
-    """Least squares of `log step = shape[i] + effect[label] + elasticity * log probe` over
-    (label, step index i, log step, log probe) tuples, native's effect 0, by backfitting
-    (stdlib only). Returns ({label: effect}, elasticity); ({}, 0.0) without observations."""
-    if not observations:
-        return {}, 0.0
-    effect = {label: 0.0 for label, *_ in observations}
-    shape, elasticity = {}, 0.0
-    xs = [x for *_, x in observations]
-    x_mean = sum(xs) / len(xs)
-    x_var = sum((x - x_mean) ** 2 for x in xs)
+def solve(a, b):
+    """x with a x = b for a small square system (Gaussian elimination, partial pivoting);
+    a variable with no spread gets 0."""
+    n = len(b)
+    m = [row[:] + [v] for row, v in zip(a, b)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12:
+            continue
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col and m[r][col]:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] if abs(m[i][i]) >= 1e-12 else 0.0 for i in range(n)]
+
+
+def backfit(rows, base="native"):
+    """Least squares of `y = shape[i] + effect[label] + b . x` over (label, step index i,
+    y, x...) rows with the same number of covariates x each, `base`'s effect 0, by
+    backfitting (stdlib only). Returns ({label: effect}, [b...]); ({}, []) without rows."""
+    if not rows:
+        return {}, []
+    k = len(rows[0]) - 3
+    effect = {r[0]: 0.0 for r in rows}
+    coef = [0.0] * k
+    xs = [r[3:] for r in rows]
+    means = [sum(x[j] for x in xs) / len(xs) for j in range(k)]
+    cov = [[sum((x[j] - means[j]) * (x[m] - means[m]) for x in xs) for m in range(k)]
+           for j in range(k)]
     for _ in range(FIT_ITERATIONS):
         sums = {}
-        for label, i, y, x in observations:
+        for label, i, y, *x in rows:
             acc = sums.setdefault(i, [0.0, 0])
-            acc[0] += y - effect[label] - elasticity * x
+            acc[0] += y - effect[label] - sum(c * v for c, v in zip(coef, x))
             acc[1] += 1
         shape = {i: t / n for i, (t, n) in sums.items()}
         sums = {}
-        for label, i, y, x in observations:
+        for label, i, y, *x in rows:
             acc = sums.setdefault(label, [0.0, 0])
-            acc[0] += y - shape[i] - elasticity * x
+            acc[0] += y - shape[i] - sum(c * v for c, v in zip(coef, x))
             acc[1] += 1
-        effect = {label: (t / n if label != "native" else 0.0) for label, (t, n) in sums.items()}
-        if x_var > 0:
-            rest = [y - shape[i] - effect[label] for label, i, y, _ in observations]
-            r_mean = sum(rest) / len(rest)
-            elasticity = sum((x - x_mean) * (r - r_mean) for x, r in zip(xs, rest)) / x_var
-    return effect, elasticity
+        effect = {label: (t / n if label != base else 0.0) for label, (t, n) in sums.items()}
+        rest = [y - shape[i] - effect[label] for label, i, y, *_ in rows]
+        r_mean = sum(rest) / len(rest)
+        coef = solve(cov, [sum((x[j] - means[j]) * (r - r_mean) for x, r in zip(xs, rest))
+                           for j in range(k)])
+    return effect, coef
+
+
+def speed_fit(observations):
+    """Least squares of `log step = shape[i] + effect[label] + elasticity * log probe` over
+    (label, step index i, log step, log probe) tuples, native's effect 0 ([`backfit`]).
+    Returns ({label: effect}, elasticity); ({}, 0.0) without observations."""
+    effect, coef = backfit(observations)
+    return effect, (coef[0] if coef else 0.0)
 
 
 def speed_adjusted_lines(runs, modes, warmup):

@@ -25,9 +25,10 @@ import math
 import os
 import sys
 
-# Probes over this many times the median were preempted, not slow (as in rounds.py).
-PROBE_OUTLIER = 4.0
-ITERATIONS = 300
+# The fit is rounds.py's host-speed fit with the two shares as further covariates:
+# fit(rows) -> ({arm: effect}, [elasticity, injected, own]).
+from rounds import PROBE_OUTLIER, backfit as fit
+
 OWN_KEYS = ("vmm_create_ns", "vmm_map_ns", "vmm_unmap_ns", "vmm_release_ns")
 
 
@@ -65,52 +66,6 @@ def observations(results, warmup):
     probes = sorted(r[3] for r in rows)
     cap = math.log(PROBE_OUTLIER) + probes[len(probes) // 2]
     return [r for r in rows if r[3] <= cap]
-
-
-def solve(a, b):
-    """x with a x = b for a small square system (Gaussian elimination, partial pivoting);
-    a variable with no spread gets 0."""
-    n = len(b)
-    m = [row[:] + [v] for row, v in zip(a, b)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) < 1e-12:
-            continue
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(n):
-            if r != col and m[r][col]:
-                f = m[r][col] / m[col][col]
-                m[r] = [x - f * y for x, y in zip(m[r], m[col])]
-    return [m[i][n] / m[i][i] if abs(m[i][i]) >= 1e-12 else 0.0 for i in range(n)]
-
-
-def fit(rows, base="native"):
-    """Least squares of `log ms = shape[i] + effect[arm] + b . (log probe, injected, own)` by
-    backfitting, `base`'s effect 0. Returns ({arm: effect}, [elasticity, injected, own])."""
-    effect = {r[0]: 0.0 for r in rows}
-    coef = [0.0, 0.0, 0.0]
-    for _ in range(ITERATIONS):
-        shape = {}
-        for arm, i, y, *x in rows:
-            acc = shape.setdefault(i, [0.0, 0])
-            acc[0] += y - effect[arm] - sum(c * v for c, v in zip(coef, x))
-            acc[1] += 1
-        shape = {i: t / n for i, (t, n) in shape.items()}
-        sums = {}
-        for arm, i, y, *x in rows:
-            acc = sums.setdefault(arm, [0.0, 0])
-            acc[0] += y - shape[i] - sum(c * v for c, v in zip(coef, x))
-            acc[1] += 1
-        effect = {arm: (t / n if arm != base else 0.0) for arm, (t, n) in sums.items()}
-        rest = [y - shape[i] - effect[arm] for arm, i, y, *_ in rows]
-        xs = [r[3:] for r in rows]
-        means = [sum(x[k] for x in xs) / len(xs) for k in range(3)]
-        r_mean = sum(rest) / len(rest)
-        a = [[sum((x[j] - means[j]) * (x[k] - means[k]) for x in xs) for k in range(3)]
-             for j in range(3)]
-        b = [sum((x[j] - means[j]) * (r - r_mean) for x, r in zip(xs, rest)) for j in range(3)]
-        coef = solve(a, b)
-    return effect, coef
 
 
 def load(outdir):

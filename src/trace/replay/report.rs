@@ -75,7 +75,7 @@ pub struct ReplayReport {
     pub granule_maps: u64,
     pub granule_unmaps: u64,
     /// Driver calls those took (map with its access grant; unmap): each costs tens of µs
-    /// on a GPU, whatever its size (Note [arena chunks] in `src/pool/arena.rs`).
+    /// on a GPU, whatever its size (Note [arena chunks] in `src/pool/arena/mod.rs`).
     pub map_calls: u64,
     pub unmap_calls: u64,
     /// The driver work of the trace's second half (its events from the middle one on), when

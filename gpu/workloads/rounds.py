@@ -199,12 +199,13 @@ def steady_counts(step_counts, warmup):
 
 
 def steady_pair_means(pairs, warmup):
-    """The mean of each member of a run's per-step pairs after the first `warmup` steps;
-    None without them."""
+    """The mean of each member of a run's per-step pairs (or longer tuples, as long as the
+    shortest) after the first `warmup` steps; None without them."""
     if not isinstance(pairs, list) or len(pairs) <= warmup:
         return None
     after = pairs[warmup:]
-    return [sum(c[0] for c in after) / len(after), sum(c[1] for c in after) / len(after)]
+    width = min(len(c) for c in after)
+    return [sum(c[k] for c in after) / len(after) for k in range(width)]
 
 
 def steady_cpu(step_cpu_ms, warmup):
@@ -474,10 +475,11 @@ def cycles_lines(runs, modes, warmup):
     for label, ok in runs_by_label(runs, modes, "steady_vmm_cycles"):
         if not out:
             out.append(f"  injected move cycles per step after step {warmup} (median over "
-                       f"rounds): cycles | ms in them")
-        out.append(f"  {label:<12} "
-                   f"{statistics.median(r['steady_vmm_cycles'][0] for r in ok):.2f} | "
-                   f"{statistics.median(r['steady_vmm_cycles'][1] for r in ok):.3f}")
+                       f"rounds): cycles | main thread's ms in them | background thread's ms")
+        cols = [statistics.median(r['steady_vmm_cycles'][k] for r in ok)
+                for k in range(min(len(r['steady_vmm_cycles']) for r in ok))]
+        out.append(f"  {label:<12} {cols[0]:.2f} | "
+                   + " | ".join(f"{c:.3f}" for c in cols[1:]))
     return out
 
 

@@ -325,10 +325,12 @@ def test_env_for_a_label_not_run_is_a_usage_error(tmp_path):
 
 def test_vmm_cycles_reads_every_and_bytes():
     vmm_cycles = workload_module("vmm_cycles")
-    assert vmm_cycles.parse("4:8M") == (4, 8 << 20)
-    assert vmm_cycles.parse("1:2097152") == (1, 2 << 20)
-    assert vmm_cycles.parse("3:1g") == (3, 1 << 30)
-    assert_rejected(vmm_cycles.parse, ("4", "0:8M", "x:8M", "4:", "4:0", "4:M", "4:8Q"),
+    assert vmm_cycles.parse("4:8M") == (4, 8 << 20, "main")
+    assert vmm_cycles.parse("1:2097152") == (1, 2 << 20, "main")
+    assert vmm_cycles.parse("3:1g") == (3, 1 << 30, "main")
+    assert vmm_cycles.parse("2:8M:unmap-bg") == (2, 8 << 20, "unmap-bg")
+    assert vmm_cycles.parse("2:8M:bg") == (2, 8 << 20, "bg")
+    assert_rejected(vmm_cycles.parse, ("4", "0:8M", "x:8M", "4:", "4:0", "4:M", "4:8Q", "4:8M:gpu"),
                     ValueError, "EVERY:BYTES")
 
 

@@ -148,6 +148,7 @@ pub enum Key {
     VmmChunk,
     VmmChunkSplit,
     VmmChunkDivisor,
+    VmmDeferredUnmap,
     LegacyOrder,
     FenceWaits,
     HostAutoComplete,
@@ -161,7 +162,7 @@ pub const LEGACY_ORDER_MODES: &[&str] = &["off", "on"];
 /// Values of `fence_waits`, by index.
 pub const FENCE_WAIT_MODES: &[&str] = &["auto", "host", "device"];
 
-pub static OPTIONS: [OptionDesc; 21] = [
+pub static OPTIONS: [OptionDesc; 22] = [
     OptionDesc {
         key: "backend",
         default: "cuda",
@@ -279,6 +280,13 @@ pub static OPTIONS: [OptionDesc; 21] = [
         default: "384",
         kind: ValueKind::Count,
         doc: "With `vmm:on`: new physical memory is created in pieces of at most the pool's reserved bytes / this many (at least one granule, at most `vmm_chunk`), so a pool that is still small grows in small pieces, and a piece that a block later covers only in part strands less free memory beside it; the small pieces merge as they move once the pool has grown (Note [merged chunks]). 0: every piece may be `vmm_chunk`. The default, 384, keeps 8 MiB pieces from 3 GiB up (6 MiB at 2.3 GiB, 4 MiB at 1.5 GiB). On an H100 it took the conv net through `cupool.torch.enable()` from 2.52–2.54 GiB (128, level with `expandable_segments`' 2.523) to 2.49–2.51 GiB and LLM generation from 1.715 to 1.697 GiB at the same step time (the GPT loop under the preload: 3% slower); the host replays gained 0.29 points on average over 52 traces at 25–35% more VMM calls (docs/BENCHMARKS.md).",
+        runtime: true,
+    },
+    OptionDesc {
+        key: "vmm_deferred_unmap",
+        default: "true",
+        kind: ValueKind::Bool,
+        doc: "With `vmm:on`: when idle memory moves to a new block, it is mapped there at once and unmapped from its old place later, by a worker thread of the pool, so the allocating thread (the one that launches the program's work) makes one driver call per piece instead of two. The old place stays mapped until then (the same physical memory; no memory is added), and any call that needs it unmaps it first (Note [unmaps off the launching thread] in `src/pool/vmm/unmapper.rs`). `false`: both calls on the allocating thread.",
         runtime: true,
     },
     OptionDesc {

@@ -80,8 +80,22 @@ impl Drop for OptionFor {
 
 #[test]
 fn every_byte_is_usable_while_memory_moves() {
+    bytes_stay_usable_while_memory_moves(true);
+}
+
+/// The same with both calls of a move on the allocating thread (`vmm_deferred_unmap:false`).
+#[test]
+fn every_byte_is_usable_while_memory_moves_unmapped_at_once() {
+    bytes_stay_usable_while_memory_moves(false);
+}
+
+fn bytes_stay_usable_while_memory_moves(deferred_unmap: bool) {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, host, ctx) = setup_vmm(true);
+    let _deferred = OptionFor::set(
+        "vmm_deferred_unmap",
+        if deferred_unmap { "true" } else { "false" },
+    );
     let pool = rt.context_pool(ctx).unwrap_or_else(|_| {
         let p = rt.alloc(1).unwrap();
         rt.free(p).unwrap();
@@ -131,7 +145,21 @@ fn every_byte_is_usable_while_memory_moves() {
     }
     let v = pool.vmm_stats();
     assert!(v.enabled && v.range_bytes > 0);
-    assert!(v.unmaps > 0, "memory was stitched from freed blocks");
+    assert!(
+        v.unmaps > 0 || v.stale_bytes > 0,
+        "memory was stitched from freed blocks"
+    );
+    let u = pool.unmapper_counts();
+    assert_eq!(u.failures, 0);
+    if !deferred_unmap {
+        assert_eq!((u.stale, u.worker_calls, u.inline_calls), (0, 0, 0));
+    } else {
+        assert!(pool.settle_unmaps(std::time::Duration::from_secs(10)));
+        assert!(
+            pool.unmapper_counts().worker_calls > 0,
+            "the worker unmapped old places"
+        );
+    }
     let report = pool.check_invariants().unwrap();
     assert_eq!(
         report.reserved,
@@ -913,4 +941,70 @@ fn chunks_made_while_the_pool_was_small_are_merged_as_they_move() {
     rt.free(pin).unwrap();
     empty_and_check_nothing_left(rt, host, ctx);
     cupool::config::set("vmm", "off").unwrap();
+}
+
+/// Note [unmaps off the launching thread]: a moved chunk is mapped at its new place at once
+/// and stays mapped where it was (a stale alias) until the worker unmaps it; a map over the
+/// old place unmaps it first on the mapping thread, and `empty_cache` leaves nothing mapped.
+#[test]
+fn a_moved_chunks_old_place_is_unmapped_later_or_when_in_the_way() {
+    use cupool::pool::vmm::unmapper::WORKERS_PAUSED;
+    use std::sync::atomic::Ordering::Relaxed;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = setup_vmm(true);
+    let _deferred = OptionFor::set("vmm_deferred_unmap", "true");
+    struct Resume;
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            WORKERS_PAUSED.store(false, Relaxed);
+        }
+    }
+    WORKERS_PAUSED.store(true, Relaxed);
+    let _resume = Resume;
+    let a = rt.alloc_async(16 * MIB as usize, S1).unwrap();
+    let b = rt.alloc_async(16 * MIB as usize, S1).unwrap();
+    let pool = rt.context_pool(ctx).unwrap();
+    let before = pool.unmapper_counts();
+    // A's memory, freed and fenced, moves under a larger block placed past B.
+    rt.free(a).unwrap();
+    host.complete_all(ctx.id);
+    let c = rt.alloc_async(24 * MIB as usize, S2).unwrap();
+    fill(c, 24 * MIB, 3);
+    let u = pool.unmapper_counts();
+    assert!(u.stale > before.stale, "A's place is left mapped");
+    assert!(u.stale_bytes >= 8 * MIB);
+    assert_eq!(
+        (u.worker_calls, u.inline_calls),
+        (before.worker_calls, before.inline_calls)
+    );
+    let v = pool.vmm_stats();
+    assert!(
+        host.counters().vmm_mappings > v.mapped_chunks,
+        "the driver still maps the old places: {} mappings for {} chunks",
+        host.counters().vmm_mappings,
+        v.mapped_chunks
+    );
+    assert_eq!(v.stale_bytes, u.stale_bytes);
+    // A block placed where A was maps memory there: the aliases in its way go first (the
+    // host backend, like the driver, refuses a mapping over another).
+    let d = rt.alloc(16 * MIB as usize).unwrap();
+    fill(d, 16 * MIB, 4);
+    assert!(
+        pool.unmapper_counts().inline_calls > before.inline_calls,
+        "cleared in the way"
+    );
+    assert!(holds(c, 24 * MIB, 3));
+    // The worker unmaps the rest.
+    WORKERS_PAUSED.store(false, Relaxed);
+    rt.free(d).unwrap();
+    host.complete_all(ctx.id);
+    let e = rt.alloc_async(40 * MIB as usize, S1).unwrap();
+    fill(e, 40 * MIB, 5);
+    assert!(pool.settle_unmaps(std::time::Duration::from_secs(10)));
+    assert_eq!(pool.unmapper_counts().stale, 0);
+    assert_eq!(pool.unmapper_counts().failures, 0);
+    for (p, s) in [(b, S1), (c, S2), (e, S1)] {
+        rt.free_async(p, s).unwrap();
+    }
+    empty_and_check_nothing_left(rt, host, ctx);
 }

@@ -57,7 +57,7 @@ STEP_COUNT_KEYS = (
 )
 # The VMM arena's counts (`cupool_footprint_json`'s `vmm`), prefixed `vmm_`.
 VMM_COUNT_KEYS = ("maps", "unmaps", "map_calls", "unmap_calls", "create_ns", "map_ns",
-                  "unmap_ns", "release_ns")
+                  "unmap_ns", "release_ns", "deferred_unmap_calls", "deferred_unmap_ns")
 
 
 def cupool_counts(stats, devices):

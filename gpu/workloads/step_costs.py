@@ -30,6 +30,9 @@ import sys
 from rounds import PROBE_OUTLIER, backfit as fit
 
 OWN_KEYS = ("vmm_create_ns", "vmm_map_ns", "vmm_unmap_ns", "vmm_release_ns")
+# Of those, the time another thread spent (Note [unmaps off the launching thread]): not the
+# allocating thread's.
+OFF_THREAD_KEYS = ("vmm_deferred_unmap_ns",)
 
 
 def arm_of(res):
@@ -57,7 +60,8 @@ def observations(results, warmup):
             if ms[i] <= 0 or probe[i] <= 0:
                 continue
             c = counts[i] if i < len(counts) else {}
-            own = sum(c.get(k, 0) for k in OWN_KEYS) / 1e6 + c.get("grow_wait_us", 0) / 1e3
+            own = ((sum(c.get(k, 0) for k in OWN_KEYS) - sum(c.get(k, 0) for k in OFF_THREAD_KEYS))
+                   / 1e6 + c.get("grow_wait_us", 0) / 1e3)
             injected = cycles[i][1] if i < len(cycles) else 0.0
             rows.append((arm_of(res), i, math.log(ms[i]), math.log(probe[i]),
                          injected / ms[i], own / ms[i]))

@@ -381,3 +381,16 @@ def test_step_costs_recovers_what_calls_cost_a_step(tmp_path):
     assert abs(math.exp(effect["cupool@reserve:5G"]) - 1.01) < 0.001
     lines = step_costs.report(str(tmp_path), 0)
     assert any("a ms of injected move calls costs 1.0" in line for line in lines), lines
+
+
+def test_step_costs_leaves_out_vmm_time_of_other_threads():
+    """The unmaps a pool's worker thread made (`vmm_deferred_unmap_ns`, also inside
+    `vmm_unmap_ns`) are not the allocating thread's time: a step's own share leaves them out."""
+    step_costs = workload_module("step_costs")
+    res = {"status": "ok", "mode": "cupool", "env": {}, "step_ms": [10.0, 10.0],
+           "host_probe_ms": [1.0, 1.0],
+           "cupool_step_counts": [{}, {"vmm_map_ns": 1e6, "vmm_unmap_ns": 3e6,
+                                       "vmm_deferred_unmap_ns": 2e6}]}
+    rows = step_costs.observations([res], 1)
+    assert len(rows) == 1
+    assert abs(rows[0][5] - 0.2) < 1e-9, rows

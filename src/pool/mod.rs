@@ -344,6 +344,9 @@ pub struct DevicePool {
     /// Large blocks freed on their stream, kept for its next request (Note [parked arena
     /// blocks]).
     parked: parked::ParkSlots,
+    /// Old places of moved arena memory and the thread that unmaps them (Note [unmaps off
+    /// the launching thread]).
+    unmapper: vmm::unmapper::Unmapper,
 }
 
 /// Note [fence counters apart]: every context fence a thread records enters and leaves the
@@ -413,6 +416,7 @@ impl DevicePool {
             vmm: AtomicBool::new(config::get(Key::Vmm) == 1),
             reserve_floor: AtomicU64::new(0),
             parked: parked::ParkSlots::new(),
+            unmapper: vmm::unmapper::Unmapper::default(),
         }
     }
 

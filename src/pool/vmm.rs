@@ -18,6 +18,7 @@ use core::sync::atomic::Ordering;
 use steps::{chunk_limit, merges_chunks, restore, Outcome};
 
 mod steps;
+pub mod unmapper;
 
 impl DevicePool {
     /// Reserves the arena if the pool has none; on a backend without virtual memory
@@ -221,6 +222,8 @@ impl DevicePool {
             return 0;
         }
         let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        // Note [unmaps off the launching thread]: the handles and the range go back.
+        self.clear_all_stale();
         let ctx = self.ctx.id;
         let floor = self.reserve_floor();
         let Some((base, g, taken)) = ({
@@ -318,6 +321,8 @@ impl DevicePool {
 
     /// VMM figures of this pool.
     pub fn vmm_stats(&self) -> VmmStats {
+        // Read before the pool lock: its own lock is not to be taken under a spin lock.
+        let u = self.unmapper_counts();
         let sh = self.shared.lock();
         let mut s = VmmStats {
             enabled: self.vmm.load(Ordering::Relaxed),
@@ -333,6 +338,15 @@ impl DevicePool {
             s.unmap_calls = a.unmap_calls;
             (s.mapped_chunks, s.held_chunks) = a.chunk_counts();
             s.call_ns = a.call_ns;
+            // Note [unmaps off the launching thread]: the unmaps of stale aliases are the
+            // arena's unmap calls too.
+            s.unmaps += u.bytes / a.granule;
+            s.unmap_calls += u.worker_calls + u.inline_calls;
+            s.call_ns[2] += u.worker_ns + u.inline_ns;
+            s.deferred_unmap_calls = u.worker_calls;
+            s.deferred_unmap_ns = u.worker_ns;
+            s.revived_aliases = u.revived;
+            s.stale_bytes = u.stale_bytes;
         }
         s
     }
@@ -358,6 +372,14 @@ pub struct VmmStats {
     /// Time in the driver's VMM calls (ns): create, map with its access grant, unmap,
     /// release.
     pub call_ns: [u64; 4],
+    /// Unmap calls the pool's worker thread made and their time (ns; both counted in the
+    /// unmaps above too), and bytes of moved memory's old places still mapped now (Note
+    /// [unmaps off the launching thread]).
+    pub deferred_unmap_calls: u64,
+    pub deferred_unmap_ns: u64,
+    pub stale_bytes: u64,
+    /// Moves back to exactly a chunk's old place, made without a call (its stale alias).
+    pub revived_aliases: u64,
 }
 
 impl VmmStats {
@@ -381,6 +403,10 @@ impl VmmStats {
             ("map_ns", self.call_ns[1]),
             ("unmap_ns", self.call_ns[2]),
             ("release_ns", self.call_ns[3]),
+            ("deferred_unmap_calls", self.deferred_unmap_calls),
+            ("deferred_unmap_ns", self.deferred_unmap_ns),
+            ("stale_bytes", self.stale_bytes),
+            ("revived_aliases", self.revived_aliases),
         ] {
             json_value(&mut out, name, v);
         }

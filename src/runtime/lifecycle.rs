@@ -110,4 +110,11 @@ pub fn is_fork_child() -> bool {
 /// only update metadata; nothing is given back to the driver).
 pub fn mark_exiting() {
     BACKEND_OFF.store(true, Ordering::Relaxed);
+    // A worker's unmap in flight ends before the driver may go (Note [unmaps off the
+    // launching thread]). A fork child has no worker (and may have copied its lock held).
+    if !is_fork_child() {
+        for pool in crate::pool::all_pools() {
+            pool.quiesce_unmapper(std::time::Duration::from_millis(100));
+        }
+    }
 }

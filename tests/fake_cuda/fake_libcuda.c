@@ -1177,8 +1177,10 @@ static CUresult fk_cuIpcCloseMemHandle(CUdeviceptr dptr)
  * Checks, like the real driver's (CUDA_ERROR_INVALID_VALUE): mapping over a mapped range
  * or outside a reservation, unmapping a range that is not a set of whole mappings, setting
  * access on a range not wholly mapped, freeing a reservation that still has mappings.
- * Stricter than the driver, to catch allocator bugs: a handle is mapped at one place at a
- * time, and releasing a mapped handle fails (the driver defers the release). */
+ * A handle may be mapped at several places at once, as the driver allows (cupool leaves a
+ * moved chunk's old place mapped for a while: Note [unmaps off the launching thread]).
+ * Stricter than the driver, to catch allocator bugs: releasing a handle mapped anywhere
+ * fails (the driver defers the release). */
 
 #define FAKE_VMM_GRANULE ((size_t)2 << 20)
 #define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
@@ -1215,7 +1217,7 @@ struct fake_handle {
     CUmemGenericAllocationHandle id;
     size_t size;
     int device;
-    int mapped;
+    int mapped; /* places it is mapped at */
     int exportable; /* created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested */
     int imported;   /* from cuMemImportFromShareableHandle: not counted in live bytes */
     int fd;         /* memfd holding its bytes once exported or imported, -1 before */
@@ -1548,7 +1550,7 @@ static CUresult fk_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     CUresult rc = vmm_enter(FAKE_VMM_MAP);
     if (rc == CUDA_SUCCESS) {
         struct fake_handle *h = find_handle(handle, NULL);
-        if (!h || h->mapped || offset != 0 || size != h->size || flags != 0 ||
+        if (!h || offset != 0 || size != h->size || flags != 0 ||
             ptr % FAKE_VMM_GRANULE || !find_reservation(ptr, size) ||
             overlaps_mapping(ptr, size) ||
             !grow((void **)&g_maps, &g_map_cap, g_map_count, sizeof *g_maps)) {
@@ -1562,7 +1564,7 @@ static CUresult fk_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
             m->size = size;
             m->handle = handle;
             m->device = h->device;
-            h->mapped = 1;
+            h->mapped++;
             g_counters.vmm_maps++;
         }
     }
@@ -1749,8 +1751,8 @@ static CUresult fk_cuMemUnmap(CUdeviceptr ptr, size_t size)
             mmap((void *)m->va, m->size, PROT_NONE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
             struct fake_handle *h = find_handle(m->handle, NULL);
-            if (h)
-                h->mapped = 0;
+            if (h && h->mapped > 0)
+                h->mapped--;
             g_maps[i] = g_maps[--g_map_count];
             g_counters.vmm_unmaps++;
         }

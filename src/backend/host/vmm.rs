@@ -13,15 +13,17 @@ use crate::ptr_map::PtrMap;
 /// inaccessible again, so a program touching unmapped pool memory faults as on a GPU.
 /// Physical granules are counted against the device's capacity like allocations. The
 /// contents of a granule do not follow it to a new address (no program may rely on the
-/// contents of memory it freed). Every call is checked strictly (a granule mapped twice,
-/// a handle released while mapped, a range freed with mappings in it are errors), so the
-/// pool's tests catch misuse the driver would also reject.
+/// contents of memory it freed). A handle may be mapped at several places at once, as the
+/// driver allows (Note [unmaps off the launching thread]); each place has pages of its own
+/// here. Every call is checked strictly (a mapping over part of another, a handle released
+/// while mapped, a range freed with mappings in it are errors), so the pool's tests catch
+/// misuse the driver would also reject.
 #[derive(Default)]
 pub(super) struct HostVmm {
     /// Reservation base → (bytes, device).
     pub(super) ranges: PtrMap<(u64, i32)>,
-    /// Physical handle → (device, bytes, where it is mapped).
-    pub(super) handles: PtrMap<(i32, u64, Option<u64>)>,
+    /// Physical handle → (device, bytes, the places it is mapped at).
+    pub(super) handles: PtrMap<(i32, u64, u32)>,
     /// Mapped address → (handle, bytes).
     pub(super) mappings: PtrMap<(u64, u64)>,
     pub(super) next_handle: u64,
@@ -65,7 +67,7 @@ impl HostVmm {
         *live += bytes;
         self.next_handle += 1;
         let h = self.next_handle;
-        self.handles.insert(h, (device, bytes, None));
+        self.handles.insert(h, (device, bytes, 0));
         self.creates += 1;
         Ok(h)
     }
@@ -73,7 +75,7 @@ impl HostVmm {
     /// Releases an unmapped handle; its bytes leave its device's count in `live_bytes`.
     pub(super) fn release(&mut self, handle: u64, live_bytes: &mut [u64]) -> BackendResult<()> {
         match self.handles.get(&handle) {
-            Some(&(device, bytes, None)) => {
+            Some(&(device, bytes, 0)) => {
                 self.handles.remove(&handle);
                 live_bytes[device as usize] -= bytes;
                 self.releases += 1;
@@ -84,7 +86,7 @@ impl HostVmm {
     }
 
     /// Maps the whole of `handle` (`bytes`) at `ptr`, granule aligned inside a reservation,
-    /// where nothing is mapped; the handle must not be mapped elsewhere.
+    /// where no part of any mapping lies.
     pub(super) fn map(&mut self, ptr: DevicePtr, bytes: u64, handle: u64) -> BackendResult<()> {
         let inside = self
             .ranges
@@ -92,8 +94,11 @@ impl HostVmm {
             .any(|(&b, &(n, _))| ptr >= b && ptr + bytes <= b + n);
         let ok = inside
             && ptr % HOST_VMM_GRANULE == 0
-            && !self.mappings.contains_key(&ptr)
-            && matches!(self.handles.get(&handle), Some(&(_, b, None)) if b == bytes);
+            && !self
+                .mappings
+                .iter()
+                .any(|(&at, &(_, n))| at < ptr + bytes && ptr < at + n)
+            && matches!(self.handles.get(&handle), Some(&(_, b, _)) if b == bytes);
         if !ok {
             return Err(BackendError::InvalidValue);
         }
@@ -101,7 +106,7 @@ impl HostVmm {
         if !unsafe { map_granules(ptr, bytes) } {
             return Err(BackendError::OutOfMemory);
         }
-        self.handles.get_mut(&handle).unwrap().2 = Some(ptr);
+        self.handles.get_mut(&handle).unwrap().2 += 1;
         self.mappings.insert(ptr, (handle, bytes));
         self.maps += 1;
         Ok(())
@@ -115,7 +120,7 @@ impl HostVmm {
         }
         let (handle, _) = self.mappings.remove(&ptr).unwrap();
         if let Some(h) = self.handles.get_mut(&handle) {
-            h.2 = None;
+            h.2 -= 1;
         }
         self.unmaps += 1;
         // SAFETY: the granule was mapped by map inside a reservation of ours; its pages are

@@ -4,6 +4,7 @@
 
 use super::super::arena::{Arena, Step, Taken};
 use super::super::DevicePool;
+use super::unmapper::Stale;
 use crate::backend::BackendError;
 use crate::config::{self, Key};
 use crate::trace::record::segment as trace_driver;
@@ -132,7 +133,22 @@ impl DevicePool {
         let ctx = self.ctx.id;
         match step {
             Step::Map { chunk, at } => {
-                let chunk = self.unmap_taken(chunk, base, g, out)?;
+                let chunk = match chunk.was_at {
+                    // Note [unmaps off the launching thread]: mapped here now, unmapped
+                    // where it was later.
+                    Some(was) if self.defers_unmaps() => {
+                        self.leave_stale(Stale {
+                            at: base + was as u64 * g,
+                            bytes: chunk.len as u64 * g,
+                            handle: chunk.handle,
+                        });
+                        Taken {
+                            was_at: None,
+                            ..chunk
+                        }
+                    }
+                    _ => self.unmap_taken(chunk, base, g, out)?,
+                };
                 let bytes = chunk.len as u64 * g;
                 self.map_chunk(
                     ChunkRef::Known(chunk.id),
@@ -173,6 +189,7 @@ impl DevicePool {
         out: &mut Outcome,
     ) -> core::result::Result<(), BackendError> {
         let chunk = self.unmap_taken(chunk, base, g, out)?;
+        self.clear_stale_handle(chunk.handle);
         if let Err(e) = timed(out, RELEASE, || {
             self.backend.release_physical(self.ctx.id, chunk.handle)
         }) {
@@ -215,6 +232,14 @@ impl DevicePool {
         (at, ptr): (usize, u64),
         out: &mut Outcome,
     ) -> core::result::Result<(), BackendError> {
+        if let ChunkRef::Known(_) = chunk {
+            if self.revive_stale(ptr, bytes, handle) {
+                // Note [unmaps off the launching thread]: back where it was, still mapped.
+                out.mapped.push((chunk, at));
+                return Ok(());
+            }
+        }
+        self.clear_stale_range(ptr, bytes);
         match timed(out, MAP, || {
             self.backend.map_physical(self.ctx.id, ptr, bytes, handle)
         }) {

@@ -66,6 +66,7 @@ impl ReplayReport {
                         ("unmap_calls", w.unmap_calls),
                         ("granule_maps", w.granule_maps),
                         ("granule_unmaps", w.granule_unmaps),
+                        ("worker_unmap_calls", w.worker_unmap_calls),
                     ],
                 );
                 o.push('}');

@@ -110,6 +110,9 @@ pub struct DriverWork {
     pub unmap_calls: u64,
     pub granule_maps: u64,
     pub granule_unmaps: u64,
+    /// Of the unmap calls, those the pool's worker thread made (Note [unmaps off the
+    /// launching thread]): the rest were the allocating threads'.
+    pub worker_unmap_calls: u64,
 }
 
 impl DriverWork {
@@ -122,6 +125,7 @@ impl DriverWork {
             unmap_calls: vmm.unmap_calls,
             granule_maps: vmm.maps,
             granule_unmaps: vmm.unmaps,
+            worker_unmap_calls: vmm.deferred_unmap_calls,
         }
     }
 
@@ -134,6 +138,9 @@ impl DriverWork {
             unmap_calls: self.unmap_calls.saturating_sub(earlier.unmap_calls),
             granule_maps: self.granule_maps.saturating_sub(earlier.granule_maps),
             granule_unmaps: self.granule_unmaps.saturating_sub(earlier.granule_unmaps),
+            worker_unmap_calls: self
+                .worker_unmap_calls
+                .saturating_sub(earlier.worker_unmap_calls),
         }
     }
 

@@ -17,15 +17,17 @@
 //! - Every call that needs the address space or the handle first unmaps the stale aliases in
 //!   its way on its own thread: a map over part of one (the driver refuses a mapping over
 //!   another), a release of a handle that has one, and a release of the arena. Every such
-//!   call holds `events`, so the set cannot change under it.
+//!   call holds `events`, so the set cannot change under it. A chunk moved back to exactly
+//!   its old place takes its alias back, with no call at all.
 //! - No memory is held for it: an alias is the same physical memory. Nothing may touch a
 //!   stale alias (it is free memory to the program), and nothing does: every block handed out
 //!   over those granules maps them first.
 //! - Captures: the worker makes its calls under an ordering guard (Note [capture
 //!   exclusion]), so none during a capture; the aliases wait for it to end.
 //! - The worker is started at the first alias, and again in a process that has none (after
-//!   `fork`, where the pool refuses every call anyway). At exit the aliases stay: the
-//!   process's address space goes with it.
+//!   `fork`, where the pool refuses every call anyway). At exit, once no call may start, the
+//!   pool waits up to 100 ms for an unmap the worker has in flight, so that none runs while
+//!   the driver is torn down; the aliases stay (the address space goes with the process).
 //! - More than [`MOST_STALE`] aliases outstanding (the worker falling behind): the oldest is
 //!   unmapped by the thread that adds one.
 

@@ -3,8 +3,11 @@
 // in step time when the launching thread makes them, and nothing when another thread makes
 // them (docs/BENCHMARKS.md, fourteenth session). So: the allocating thread enqueues on the
 // block's stream a wait for a host word (cuStreamWaitValue32 on mapped pinned memory) and
-// returns; a worker thread maps and grants the memory, then writes the word. Three
-// questions, each answered on its own:
+// returns; a worker thread maps and grants the memory, then writes the word. The
+// questions, each answered on its own (the answers of 2026-11-28 on an H200 are in
+// docs/BENCHMARKS.md: the order holds, but copies and memsets on memory not mapped yet fail
+// when queued, so the map must be made before the pointer is returned; a map of a handle
+// mapped elsewhere costs what a plain map costs, which lets the unmap wait):
 //
 //   order     kernels queued behind the wait write and check the range; the worker maps it
 //             only after the GPU has reached the wait (it sleeps first). Does the GPU see
@@ -14,7 +17,7 @@
 //   cost      the host's time for one cuStreamWaitValue32 whose value is already there,
 //             after a kernel on a non-blocking stream and a stream synchronisation (the
 //             state every real program is in, where an event query costs ~1.5 us).
-//   unmapped  the same order test where the worker also unmaps the range's previous
+//   order, steal=1  the same order test where the worker also unmaps the range's previous
 //             mapping first (a stolen chunk: unmap where it was, map here).
 //   api       (`./async_map api`) a kernel, a memset and copies queued on the range before
 //             it is mapped, as programs queue them on fresh memory.
@@ -22,8 +25,10 @@
 //             another range, against a plain map, and the unmap after each.
 //
 // Output lines:
-//   ASYNCMAP order stream=nonblocking|legacy iterations=N faults=0 wrong=0 stuck=0
+//   ASYNCMAP order stream=nonblocking|legacy steal=0|1 iterations=N faults=0 wrong=0 stuck=0
 //   ASYNCMAP cost stream=.. wait_value_ns_median=X p99=Y
+//   ASYNCMAP api kernel|memset|copy_to|copy_from=CUresult ms=X, then sync=CUresult
+//   ASYNCMAP alias bytes=N plain_map_ns=.. plain_unmap_ns=.. alias_map_ns=.. alias_unmap_ns=..
 // Build: nvcc -O2 -std=c++17 -arch=native -I gpu gpu/tools/async_map.cu -o async_map -lcuda -lpthread
 #include <cuda.h>
 

@@ -111,13 +111,18 @@ struct Slot {
 }
 
 impl Slot {
+    /// The stream the slot's blocks were freed on.
+    fn stream_ref(&self) -> StreamRef {
+        StreamRef {
+            id: self.stream,
+            handle: self.handle,
+        }
+    }
+
     /// Gives every block of the slot back to its pool, on its stream; returns their
     /// bytes.
     fn flush_bins(&mut self) -> u64 {
-        let stream = StreamRef {
-            id: self.stream,
-            handle: self.handle,
-        };
+        let stream = self.stream_ref();
         let pool = pool_by_index(self.pool);
         let mut bytes = 0;
         for bin in self.bins.iter_mut().filter(|b| b.len > 0) {
@@ -236,10 +241,7 @@ impl ThreadCache {
             // Same class is not close enough (Note [reuse excess] in the pool module): the
             // block goes to its stream's index in the pool, where the slow path that
             // follows this miss splits it down to the request instead of growing.
-            let stream = StreamRef {
-                id: slot.stream,
-                handle: slot.handle,
-            };
+            let stream = slot.stream_ref();
             if let Some(p) = pool_by_index(pool) {
                 // SAFETY: the block was in this thread's cache, so this thread owns it.
                 unsafe { p.free_to_stream(stream, &[item.idx]) };

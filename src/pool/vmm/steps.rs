@@ -232,14 +232,12 @@ impl DevicePool {
         (at, ptr): (usize, u64),
         out: &mut Outcome,
     ) -> core::result::Result<(), BackendError> {
-        if let ChunkRef::Known(_) = chunk {
-            if self.revive_stale(ptr, bytes, handle) {
-                // Note [unmaps off the launching thread]: back where it was, still mapped.
-                out.mapped.push((chunk, at));
-                return Ok(());
-            }
+        // Note [unmaps off the launching thread]: a chunk back where it was is mapped
+        // there still; other old places in the way go first.
+        if self.ready_for_map(ptr, bytes, handle) {
+            out.mapped.push((chunk, at));
+            return Ok(());
         }
-        self.clear_stale_range(ptr, bytes);
         match timed(out, MAP, || {
             self.backend.map_physical(self.ctx.id, ptr, bytes, handle)
         }) {

@@ -36,6 +36,7 @@ use crate::config::{self, Key};
 use crate::trace::record::segment as trace_driver;
 use crate::trace::DriverAction;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -55,7 +56,7 @@ pub(in crate::pool) struct Stale {
 pub(in crate::pool) struct Unmapper {
     /// Oldest first. Changed only with the pool's `events` held (and this lock, for the
     /// worker's wait).
-    stale: Mutex<Vec<Stale>>,
+    stale: Mutex<VecDeque<Stale>>,
     added: Condvar,
     /// Process id the worker was started in (0: none).
     worker_pid: AtomicU32,
@@ -90,6 +91,13 @@ pub struct UnmapperCounts {
 #[doc(hidden)]
 pub static WORKERS_PAUSED: AtomicBool = AtomicBool::new(false);
 
+/// Takes the entries `hit` picks out of `list`, keeping the others in order.
+fn take_where(list: &mut VecDeque<Stale>, hit: impl Fn(&Stale) -> bool) -> VecDeque<Stale> {
+    let (hits, rest) = list.drain(..).partition(|s| hit(s));
+    *list = rest;
+    hits
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while holding it; the list is consistent at every step anyway.
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -106,8 +114,10 @@ impl DevicePool {
     pub(in crate::pool) fn leave_stale(&self, s: Stale) {
         let oldest = {
             let mut list = lock(&self.unmapper.stale);
-            list.push(s);
-            (list.len() > MOST_STALE).then(|| list.remove(0))
+            list.push_back(s);
+            (list.len() > MOST_STALE)
+                .then(|| list.pop_front())
+                .flatten()
         };
         self.unmapper.added.notify_one();
         self.ensure_unmapper();
@@ -116,26 +126,26 @@ impl DevicePool {
         }
     }
 
-    /// Takes the stale alias of `handle` at exactly `at` back into use: the mapping the
-    /// caller is about to make exists already (a chunk moved back to where it was). Returns
-    /// whether there was one. The caller holds `events`.
-    pub(in crate::pool) fn revive_stale(&self, at: u64, bytes: u64, handle: u64) -> bool {
-        let mut list = lock(&self.unmapper.stale);
+    /// Readies `[at, at + bytes)` for a map of `handle` there. When a stale alias is that
+    /// very mapping (a chunk moved back to where it was), it is taken back into use and
+    /// true is returned: no map is needed. Otherwise the stale aliases overlapping the
+    /// range are unmapped on this thread (the driver refuses a mapping over another), and
+    /// false. The caller holds `events`.
+    pub(in crate::pool) fn ready_for_map(&self, at: u64, bytes: u64, handle: u64) -> bool {
         let want = Stale { at, bytes, handle };
-        match list.iter().position(|s| *s == want) {
-            Some(i) => {
+        let in_way: VecDeque<Stale> = {
+            let mut list = lock(&self.unmapper.stale);
+            if let Some(i) = list.iter().position(|s| *s == want) {
                 list.remove(i);
                 self.unmapper.revived.fetch_add(1, Ordering::Relaxed);
-                true
+                return true;
             }
-            None => false,
+            take_where(&mut list, |s| s.at < at + bytes && at < s.at + s.bytes)
+        };
+        for s in in_way {
+            self.unmap_stale(s, false);
         }
-    }
-
-    /// Unmaps, on this thread, the stale aliases overlapping `[at, at + bytes)` (a map is
-    /// about to be made there). The caller holds `events`.
-    pub(in crate::pool) fn clear_stale_range(&self, at: u64, bytes: u64) {
-        self.clear_stale_where(|s| s.at < at + bytes && at < s.at + s.bytes);
+        false
     }
 
     /// Unmaps, on this thread, the stale aliases of `handle` (it is about to be released).
@@ -151,15 +161,7 @@ impl DevicePool {
     }
 
     fn clear_stale_where(&self, hit: impl Fn(&Stale) -> bool) {
-        let taken: Vec<Stale> = {
-            let mut list = lock(&self.unmapper.stale);
-            if list.is_empty() {
-                return;
-            }
-            let (hits, rest) = list.iter().partition(|s| hit(s));
-            *list = rest;
-            hits
-        };
+        let taken = take_where(&mut lock(&self.unmapper.stale), hit);
         for s in taken {
             self.unmap_stale(s, false);
         }
@@ -244,7 +246,7 @@ impl DevicePool {
             }
             let oldest = {
                 let mut list = lock(&self.unmapper.stale);
-                (!list.is_empty()).then(|| list.remove(0))
+                list.pop_front()
             };
             if let Some(s) = oldest {
                 self.unmap_stale(s, true);

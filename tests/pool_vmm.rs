@@ -631,7 +631,8 @@ fn the_footprint_at_the_peak_is_taken_again_only_past_a_step() {
 /// Note [wait before growing], in the arena: a buffer freed without a stream while the
 /// device is behind and allocated again a little larger (a KV cache grown step by step)
 /// waits for the fence of the old one, whose memory then moves to the new block, instead
-/// of the pool holding both. A free covering less than half of the request does not wait.
+/// of the pool holding both. Without a stream it waits even when the old copy covers only
+/// a third of the request (any granule saved); on a stream, a third is too little.
 #[test]
 fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
     use cupool::trace::{Action, Trace, TraceEvent};
@@ -665,23 +666,37 @@ fn a_growing_buffer_waits_for_its_old_copy_instead_of_holding_two() {
     let in_step = replay_lagging(rt, &t, 0);
     assert_eq!(in_step.simulated_wait_us, 0);
     assert!(in_step.peak_reserved_bytes <= 120 * MIB + 2 * G);
-    // Growing threefold each step: the old copy covers a third of the new one, too little
-    // to wait for; the pool grows, and both copies are held at once.
-    let events: Vec<TraceEvent> = (0..4u64)
-        .flat_map(|i| {
-            let (ptr, size) = (0x7f00_0000_0000 + (i << 32), 4 * MIB * 3u64.pow(i as u32));
-            [
-                streamless_event(20 * i, Action::Allocate, ptr, size),
-                streamless_event(20 * i + 10, Action::Free, ptr, size),
-            ]
-        })
-        .collect();
-    let t = Trace::from_events(events, Vec::new());
-    let r = replay_lagging(rt, &t, 5000);
+    // Growing threefold each step, 4 MiB up to 108 MiB: the old copy covers a third of
+    // the new one. `stream` None makes each pair a `cudaMalloc`/`cudaFree`.
+    let threefold = |stream: Option<u64>| {
+        let events: Vec<TraceEvent> = (0..4u64)
+            .flat_map(|i| {
+                let (ptr, size) = (0x7f00_0000_0000 + (i << 32), 4 * MIB * 3u64.pow(i as u32));
+                let at = |t, action| match stream {
+                    None => streamless_event(t, action, ptr, size),
+                    Some(s) => TraceEvent::rmm(1, t, action, ptr, size, s),
+                };
+                [at(20 * i, Action::Allocate), at(20 * i + 10, Action::Free)]
+            })
+            .collect();
+        Trace::from_events(events, Vec::new())
+    };
+    // Without a stream the third is waited for (its `cudaFree` would have waited), and it
+    // moves: one copy and a third's growth.
+    let r = replay_lagging(rt, &threefold(None), 5000);
+    assert!(r.simulated_wait_us > 0, "waited for a third of the request");
+    assert!(
+        r.peak_reserved_bytes <= 108 * MIB + 2 * G,
+        "one copy held: {} MiB",
+        r.peak_reserved_bytes / MIB
+    );
+    // On a stream, a third of the request is too little to stall for: both copies held.
+    let r = replay_lagging(rt, &threefold(Some(7)), 5000);
     assert_eq!(r.simulated_wait_us, 0, "no wait for a third of the request");
     assert!(
         r.peak_reserved_bytes >= 108 * MIB + 36 * MIB,
-        "both copies held"
+        "both copies held: {} MiB",
+        r.peak_reserved_bytes / MIB
     );
     cupool::config::set("vmm", "off").unwrap();
 }

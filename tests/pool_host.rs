@@ -527,3 +527,42 @@ fn a_bin_serves_a_request_its_newest_block_is_too_small_for() {
     rt.free_async(again, S1).unwrap();
     rt.free_async(still, S1).unwrap();
 }
+
+/// Note [next class up]: a small request that no block of its own class in the thread
+/// cache fits takes the newest block of the next class, as a cache hit; not one two classes
+/// up. A large request does not (the arena lends what a block does not need).
+#[test]
+fn a_request_its_class_cannot_serve_takes_the_next_class_up() {
+    let (rt, _host, ctx) = setup();
+    // Classes of 1 KiB from 8 KiB: 8 704 bytes in [8, 9) KiB, 9 216 in [9, 10), 10 240 in
+    // [10, 11).
+    let next = rt.alloc_async(9216, S1).unwrap();
+    let two_up = rt.alloc_async(10240, S1).unwrap();
+    rt.free_async(two_up, S1).unwrap();
+    rt.free_async(next, S1).unwrap();
+    let before = rt.context_stats(ctx).unwrap();
+    let p = rt.alloc_async(8704, S1).unwrap();
+    let after = rt.context_stats(ctx).unwrap();
+    assert_eq!(p, next, "the next class's cached block served it");
+    assert_eq!(after.cache_hits, before.cache_hits + 1);
+    // Its own class and the next are empty now: the block two classes up is not taken.
+    let q = rt.alloc_async(8704, S1).unwrap();
+    assert_ne!(q, two_up, "two classes up is too far");
+    let again = rt.alloc_async(10240, S1).unwrap();
+    assert_eq!(again, two_up, "it stayed cached for its own class");
+    for x in [p, q, again] {
+        rt.free_async(x, S1).unwrap();
+    }
+    // 2 MiB + 512 bytes asks for the class [2, 2.25) MiB; a cached 2.25 MiB block is the
+    // next class's, and not handed out whole.
+    const MIB: usize = 1 << 20;
+    let large = rt.alloc_async(2 * MIB + MIB / 4, S1).unwrap();
+    rt.free_async(large, S1).unwrap();
+    let r = rt.alloc_async(2 * MIB + 512, S1).unwrap();
+    assert_eq!(
+        rt.lookup(r).unwrap().size,
+        round(2 * MIB as u64 + 512),
+        "not handed out whole: split to the request"
+    );
+    rt.free_async(r, S1).unwrap();
+}

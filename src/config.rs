@@ -237,7 +237,7 @@ pub static OPTIONS: [OptionDesc; 22] = [
         key: "grow_wait_us",
         default: "50000",
         kind: ValueKind::Count,
-        doc: "Before the pool takes more memory from the driver while freed blocks that would cover the request only wait for their fence (the device is behind), it waits up to this many microseconds for the fence instead (what `cudaFree` would have waited for anyway), then grows. With `vmm:on`, blocks freed without a stream or on the requesting stream are enough when they cover half of a large request, or all the memory the pool would create for it: their memory moves to it. 0 turns it off.",
+        doc: "Before the pool takes more memory from the driver while freed blocks that would cover the request only wait for their fence (the device is behind), it waits up to this many microseconds for the fence instead (what `cudaFree` would have waited for anyway), then grows. With `vmm:on`, blocks freed without a stream or on the requesting stream are enough when they cover half of a large request, or all the memory the pool would create for it: their memory moves to it; blocks freed without a stream are enough when they would save one granule of growth. 0 turns it off.",
         runtime: true,
     },
     OptionDesc {

@@ -231,10 +231,12 @@ impl ThreadCache {
     // cache overflow it into the pool as well. `examples/live_cost.rs` (host backend, random
     // sizes of 256 B – 64 KiB, development machine, six runs each, taking turns): with 10
     // blocks live, requests to the pool 36% → 4%, 143–206 → 93–126 ns a pair; with 10^5,
-    // 27% → 12%, 634–797 → 535–695 ns. Small requests only (up to `SMALL_MAX`): a large
-    // block lives in the VMM arena, where a quarter more is memory the arena could have
-    // lent, and on the GPU the GPT loop through `enable()` then created and released more
-    // granules a step (1.8 → 2.6 and 3.1 → 5.9; docs/BENCHMARKS.md).
+    // 27% → 12%, 634–797 → 535–695 ns. Host replays: peak reserved unchanged on every
+    // corpus trace but `gpt_train.torch` at lag 0, 97.73% → 97.96% utilization, whose second
+    // half then creates and releases more arena chunks (14 → 24 and 30 → 53), as the GPT loop
+    // through `enable()` does on an H200 (1.8 → 2.6 and 3.1 → 5.8 a step, about 30 µs of
+    // driver time; docs/BENCHMARKS.md). Small requests only (up to `SMALL_MAX`): a large
+    // block lives in the VMM arena, where a quarter more is memory the arena could lend.
 
     /// The newest cached block of class `class(size)` for (pool, stream) that is at least
     /// `size` bytes, else the next class's newest (Note [next class up]), taken out of the

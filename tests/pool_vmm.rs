@@ -1023,3 +1023,88 @@ fn a_moved_chunks_old_place_is_unmapped_later_or_when_in_the_way() {
     }
     empty_and_check_nothing_left(rt, host, ctx);
 }
+
+/// Note [simulated unmapper]: a replay's pool unmaps stale aliases on trace time, not on a
+/// thread: an alias is unmapped once `SIMULATED_UNMAP_US` of trace time has passed since it
+/// appeared (and since the unmap before it), by the thread that moves the time on.
+#[test]
+fn a_simulated_unmapper_unmaps_on_trace_time() {
+    use cupool::pool::vmm::unmapper::SIMULATED_UNMAP_US;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, host, ctx) = setup_vmm(true);
+    let _deferred = OptionFor::set("vmm_deferred_unmap", "true");
+    let a = rt.alloc_async(16 * MIB as usize, S1).unwrap();
+    let b = rt.alloc_async(16 * MIB as usize, S1).unwrap();
+    let pool = rt.context_pool(ctx).unwrap();
+    pool.simulate_unmapper();
+    pool.run_simulated_unmapper(1000);
+    // A's memory moves under a larger block at trace time 1000: its old place is an alias.
+    rt.free(a).unwrap();
+    host.complete_all(ctx.id);
+    let c = rt.alloc_async(24 * MIB as usize, S2).unwrap();
+    let left = pool.unmapper_counts();
+    assert!(left.stale > 0, "A's place is left mapped");
+    let calls = |u: cupool::pool::vmm::unmapper::UnmapperCounts| u.worker_calls;
+    // Too early for the first unmap, and no thread makes it meanwhile.
+    pool.run_simulated_unmapper(1000 + SIMULATED_UNMAP_US - 1);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(pool.unmapper_counts().stale, left.stale);
+    assert_eq!(calls(pool.unmapper_counts()), calls(left));
+    // One unmap per SIMULATED_UNMAP_US: the first now, all of them n of those later.
+    pool.run_simulated_unmapper(1000 + SIMULATED_UNMAP_US);
+    assert_eq!(calls(pool.unmapper_counts()), calls(left) + 1);
+    pool.run_simulated_unmapper(1000 + left.stale * SIMULATED_UNMAP_US);
+    let done = pool.unmapper_counts();
+    assert_eq!(done.stale, 0);
+    assert_eq!(calls(done), calls(left) + left.stale);
+    for (p, s) in [(b, S1), (c, S2)] {
+        rt.free_async(p, s).unwrap();
+    }
+    empty_and_check_nothing_left(rt, host, ctx);
+}
+
+/// Note [simulated unmapper]: a replay gives the same driver calls on every run, and its
+/// unmapper keeps trace time: events 1 µs apart leave the worker no time for an unmap,
+/// events 100 µs apart leave it time for all of them.
+#[test]
+fn a_replay_unmaps_moved_chunks_on_trace_time_and_repeats_exactly() {
+    use cupool::trace::{Action, Trace};
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (rt, _host, _ctx) = setup_vmm(true);
+    let _deferred = OptionFor::set("vmm_deferred_unmap", "true");
+    // Each round, events `gap_us` apart: A and B of 16 MiB, A freed, C of 24 MiB (A's
+    // memory moves under it, past B), C and B freed.
+    let growing = |gap_us: u64| {
+        let mut events = Vec::new();
+        for i in 0..4u64 {
+            let ptr = |k: u64| 0x7f00_0000_0000 + (i << 36) + (k << 32);
+            let steps = [
+                (Action::Allocate, ptr(0), 16 * MIB),
+                (Action::Allocate, ptr(1), 16 * MIB),
+                (Action::Free, ptr(0), 16 * MIB),
+                (Action::Allocate, ptr(2), 24 * MIB),
+                (Action::Free, ptr(2), 24 * MIB),
+                (Action::Free, ptr(1), 16 * MIB),
+            ];
+            for (k, (action, p, size)) in steps.into_iter().enumerate() {
+                let t = gap_us * (6 * i + k as u64);
+                events.push(streamless_event(t, action, p, size));
+            }
+        }
+        Trace::from_events(events, Vec::new())
+    };
+    let worker =
+        |r: &cupool::trace::replay::ReplayReport| r.second_half.expect("events").worker_unmap_calls;
+    let calls = |r: &cupool::trace::replay::ReplayReport| {
+        (r.map_calls, r.unmap_calls, worker(r), r.peak_reserved_bytes)
+    };
+    let spaced = replay_lagging(rt, &growing(100), 0);
+    assert!(worker(&spaced) > 0, "the worker had time: {spaced:?}");
+    for _ in 0..3 {
+        assert_eq!(calls(&replay_lagging(rt, &growing(100), 0)), calls(&spaced));
+    }
+    let packed = replay_lagging(rt, &growing(1), 0);
+    assert_eq!(worker(&packed), 0, "no time for the worker: {packed:?}");
+    assert_eq!(packed.peak_reserved_bytes, spaced.peak_reserved_bytes);
+    cupool::config::set("vmm", "off").unwrap();
+}

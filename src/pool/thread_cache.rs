@@ -223,9 +223,8 @@ impl ThreadCache {
     }
 
     // Note [next class up]: when no block of a small request's class fits (the bin is
-    // empty, or its blocks are all smaller than the request: the blocks that fit are taken
-    // first, so a bin fills with the small ends of its class), the newest block of the next
-    // class is handed out instead. Every block there is larger than any size of the
+    // empty, or every block in it is smaller than the request), the newest block of the
+    // next class is handed out instead. Every block there is larger than any size of the
     // request's class, by at most two class steps (a quarter of the request). Otherwise the
     // request goes to the pool's lock and free lists, and the frees that keep coming to the
     // cache overflow it into the pool as well. `examples/live_cost.rs` (host backend, random

@@ -3,7 +3,9 @@
 //! reserved), its driver calls and the time per operation.
 //!
 //! One thread, one order: a replay is deterministic on the host backend, which is what makes
-//! it an instrument (the same trace gives the same peaks on every machine). With
+//! it an instrument (the same trace gives the same peaks on every machine). The arena's
+//! unmapping thread is simulated on trace time there (Note [simulated unmapper] in
+//! `pool/vmm/unmapper.rs`), so its driver calls repeat exactly too. With
 //! `per_thread` each thread of the trace replays on a worker thread of its own, still one
 //! event at a time in trace order (Note [per-thread replay]). On the host backend the
 //! replay runs in a context of its own, so replays in one process (tests) never share a
@@ -316,6 +318,11 @@ impl Replayer<'_> {
             .rt
             .context_pool(self.ctx)
             .map_err(|s| TraceError::new(Position::File, status_text(s)))?;
+        let on_host = self.rt.host_backend().is_some();
+        if on_host {
+            // The same figures on every run: the arena's unmapper on trace time.
+            pool.simulate_unmapper();
+        }
         self.watch_peak(pool, 0);
         let events = &trace.events[..opts
             .max_events
@@ -334,8 +341,12 @@ impl Replayer<'_> {
         let first = events.first().map_or(0, micros);
         let lagging_host = self.rt.host_backend().filter(|_| opts.gpu_lag_us > 0);
         for (i, ev) in events.iter().enumerate() {
+            let now_us = micros(ev).saturating_sub(first);
             if let Some(host) = lagging_host {
-                host.set_time(self.ctx.id, micros(ev).saturating_sub(first));
+                host.set_time(self.ctx.id, now_us);
+            }
+            if on_host {
+                pool.run_simulated_unmapper(now_us);
             }
             self.event(i, ev).map_err(|m| TraceError::new(at(i), m))?;
             self.watch_peak(pool, i + 1);

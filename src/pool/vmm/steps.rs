@@ -137,11 +137,11 @@ impl DevicePool {
                     // Note [unmaps off the launching thread]: mapped here now, unmapped
                     // where it was later.
                     Some(was) if self.defers_unmaps() => {
-                        self.leave_stale(Stale {
-                            at: base + was as u64 * g,
-                            bytes: chunk.len as u64 * g,
-                            handle: chunk.handle,
-                        });
+                        self.leave_stale(Stale::new(
+                            base + was as u64 * g,
+                            chunk.len as u64 * g,
+                            chunk.handle,
+                        ));
                         Taken {
                             was_at: None,
                             ..chunk

@@ -30,6 +30,13 @@
 //!   the driver is torn down; the aliases stay (the address space goes with the process).
 //! - More than [`MOST_STALE`] aliases outstanding (the worker falling behind): the oldest is
 //!   unmapped by the thread that adds one.
+//!
+//! Note [simulated unmapper]: a replay on the host backend must give the same figures on
+//! every run, and a worker thread's timing would not (which aliases are revived, which are
+//! unmapped in the way: a few calls either way from run to run). So a replay puts its pool's
+//! unmapper on trace time: no thread is started, and before each event the replaying thread
+//! makes the unmaps the worker would have finished by then, one per [`SIMULATED_UNMAP_US`]
+//! of trace time, each no earlier than its alias appeared.
 
 use super::super::{pool_by_index, DevicePool, BACKEND_OFF};
 use crate::config::{self, Key};
@@ -43,12 +50,31 @@ use std::time::{Duration, Instant};
 /// Stale aliases outstanding at most; past it the thread that adds one unmaps the oldest.
 const MOST_STALE: usize = 256;
 
+/// Trace time one unmap of the worker takes in a replay (Note [simulated unmapper]): an
+/// old place of 2-8 MiB took 13.6-17.6 µs to unmap on an H200 (`gpu/tools/async_map.cu
+/// alias`, docs/BENCHMARKS.md).
+pub const SIMULATED_UNMAP_US: u64 = 16;
+
 /// The old place of a moved chunk, still mapped (Note [unmaps off the launching thread]).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(in crate::pool) struct Stale {
     pub at: u64,
     pub bytes: u64,
     pub handle: u64,
+    /// Trace time it appeared at, in a replay (Note [simulated unmapper]); 0 otherwise.
+    pub added_us: u64,
+}
+
+impl Stale {
+    /// The old place of a moved chunk: `bytes` of `handle` mapped at `at`.
+    pub fn new(at: u64, bytes: u64, handle: u64) -> Self {
+        Stale {
+            at,
+            bytes,
+            handle,
+            added_us: 0,
+        }
+    }
 }
 
 /// A pool's stale aliases and the worker that unmaps them.
@@ -70,6 +96,11 @@ pub(in crate::pool) struct Unmapper {
     failures: AtomicU64,
     /// Stale aliases taken back into use instead of a map.
     revived: AtomicU64,
+    /// Note [simulated unmapper]: on trace time instead of a thread; the trace time now,
+    /// and when the simulated worker is free again.
+    simulated: AtomicBool,
+    simulated_now_us: AtomicU64,
+    simulated_free_at_us: AtomicU64,
 }
 
 /// What the unmapper did, for the statistics.
@@ -112,6 +143,10 @@ impl DevicePool {
     /// Leaves a moved chunk's old place mapped for the worker to unmap. The caller holds
     /// `events`.
     pub(in crate::pool) fn leave_stale(&self, s: Stale) {
+        let s = Stale {
+            added_us: self.unmapper.simulated_now_us.load(Ordering::Relaxed),
+            ..s
+        };
         let oldest = {
             let mut list = lock(&self.unmapper.stale);
             list.push_back(s);
@@ -132,10 +167,10 @@ impl DevicePool {
     /// range are unmapped on this thread (the driver refuses a mapping over another), and
     /// false. The caller holds `events`.
     pub(in crate::pool) fn ready_for_map(&self, at: u64, bytes: u64, handle: u64) -> bool {
-        let want = Stale { at, bytes, handle };
         let in_way: VecDeque<Stale> = {
             let mut list = lock(&self.unmapper.stale);
-            if let Some(i) = list.iter().position(|s| *s == want) {
+            let exact = |s: &Stale| (s.at, s.bytes, s.handle) == (at, bytes, handle);
+            if let Some(i) = list.iter().position(exact) {
                 list.remove(i);
                 self.unmapper.revived.fetch_add(1, Ordering::Relaxed);
                 return true;
@@ -195,6 +230,9 @@ impl DevicePool {
     }
 
     fn ensure_unmapper(&self) {
+        if self.unmapper.simulated.load(Ordering::Relaxed) {
+            return;
+        }
         let pid = std::process::id();
         if self.unmapper.worker_pid.swap(pid, Ordering::AcqRel) == pid {
             return;
@@ -227,7 +265,9 @@ impl DevicePool {
                         .unwrap_or_else(|p| p.into_inner());
                 }
             }
-            if BACKEND_OFF.load(Ordering::Relaxed) {
+            if BACKEND_OFF.load(Ordering::Relaxed)
+                || self.unmapper.simulated.load(Ordering::Relaxed)
+            {
                 return;
             }
             if WORKERS_PAUSED.load(Ordering::Relaxed) {
@@ -250,6 +290,51 @@ impl DevicePool {
             };
             if let Some(s) = oldest {
                 self.unmap_stale(s, true);
+            }
+        }
+    }
+
+    /// Puts this pool's unmapper on trace time (Note [simulated unmapper]): a replay's pool,
+    /// before its first event.
+    pub fn simulate_unmapper(&self) {
+        self.unmapper.simulated.store(true, Ordering::Relaxed);
+    }
+
+    /// Note [simulated unmapper]: the trace time is now `now_us`; makes, on this thread, the
+    /// unmaps the worker would have finished by then, oldest alias first.
+    pub fn run_simulated_unmapper(&self, now_us: u64) {
+        let u = &self.unmapper;
+        if !u.simulated.load(Ordering::Relaxed) {
+            return;
+        }
+        u.simulated_now_us.store(now_us, Ordering::Relaxed);
+        loop {
+            let Some(oldest) = lock(&u.stale).front().copied() else {
+                return;
+            };
+            let start = u
+                .simulated_free_at_us
+                .load(Ordering::Relaxed)
+                .max(oldest.added_us);
+            if start + SIMULATED_UNMAP_US > now_us {
+                return;
+            }
+            // As the worker: under an ordering guard and `events`.
+            let Some(_calls) = self.enter_ordering_calls() else {
+                return;
+            };
+            let _ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+            let taken = {
+                let mut list = lock(&u.stale);
+                match list.front() == Some(&oldest) {
+                    true => list.pop_front(),
+                    false => None,
+                }
+            };
+            if let Some(s) = taken {
+                self.unmap_stale(s, true);
+                u.simulated_free_at_us
+                    .store(start + SIMULATED_UNMAP_US, Ordering::Relaxed);
             }
         }
     }

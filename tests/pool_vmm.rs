@@ -1074,7 +1074,7 @@ fn a_replay_unmaps_moved_chunks_on_trace_time_and_repeats_exactly() {
     let _deferred = OptionFor::set("vmm_deferred_unmap", "true");
     // Each round, events `gap_us` apart: A and B of 16 MiB, A freed, C of 24 MiB (A's
     // memory moves under it, past B), C and B freed.
-    let growing = |gap_us: u64| {
+    let moves_every = |gap_us: u64| {
         let mut events = Vec::new();
         for i in 0..4u64 {
             let ptr = |k: u64| 0x7f00_0000_0000 + (i << 36) + (k << 32);
@@ -1098,12 +1098,15 @@ fn a_replay_unmaps_moved_chunks_on_trace_time_and_repeats_exactly() {
     let calls = |r: &cupool::trace::replay::ReplayReport| {
         (r.map_calls, r.unmap_calls, worker(r), r.peak_reserved_bytes)
     };
-    let spaced = replay_lagging(rt, &growing(100), 0);
+    let spaced = replay_lagging(rt, &moves_every(100), 0);
     assert!(worker(&spaced) > 0, "the worker had time: {spaced:?}");
     for _ in 0..3 {
-        assert_eq!(calls(&replay_lagging(rt, &growing(100), 0)), calls(&spaced));
+        assert_eq!(
+            calls(&replay_lagging(rt, &moves_every(100), 0)),
+            calls(&spaced)
+        );
     }
-    let packed = replay_lagging(rt, &growing(1), 0);
+    let packed = replay_lagging(rt, &moves_every(1), 0);
     assert_eq!(worker(&packed), 0, "no time for the worker: {packed:?}");
     assert_eq!(packed.peak_reserved_bytes, spaced.peak_reserved_bytes);
     cupool::config::set("vmm", "off").unwrap();

@@ -961,24 +961,21 @@ fn chunks_made_while_the_pool_was_small_are_merged_as_they_move() {
 /// Note [unmaps off the launching thread]: a moved chunk is mapped at its new place at once
 /// and stays mapped where it was (a stale alias) until the worker unmaps it; a map over the
 /// old place unmaps it first on the mapping thread, and `empty_cache` leaves nothing mapped.
+/// The worker runs on trace time here, as in a replay (Note [simulated unmapper]): an alias
+/// is unmapped once `SIMULATED_UNMAP_US` has passed since it appeared and since the unmap
+/// before it, by the thread that moves the time on, and by no other thread meanwhile.
 #[test]
 fn a_moved_chunks_old_place_is_unmapped_later_or_when_in_the_way() {
-    use cupool::pool::vmm::unmapper::WORKERS_PAUSED;
-    use std::sync::atomic::Ordering::Relaxed;
+    use cupool::pool::vmm::unmapper::SIMULATED_UNMAP_US;
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (rt, host, ctx) = setup_vmm(true);
     let _deferred = OptionFor::set("vmm_deferred_unmap", "true");
-    struct Resume;
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            WORKERS_PAUSED.store(false, Relaxed);
-        }
-    }
-    WORKERS_PAUSED.store(true, Relaxed);
-    let _resume = Resume;
     let a = rt.alloc_async(16 * MIB as usize, S1).unwrap();
     let b = rt.alloc_async(16 * MIB as usize, S1).unwrap();
     let pool = rt.context_pool(ctx).unwrap();
+    pool.simulate_unmapper();
+    let t = 1000;
+    pool.run_simulated_unmapper(t);
     let before = pool.unmapper_counts();
     // A's memory, freed and fenced, moves under a larger block placed past B.
     rt.free(a).unwrap();
@@ -1000,6 +997,10 @@ fn a_moved_chunks_old_place_is_unmapped_later_or_when_in_the_way() {
         v.mapped_chunks
     );
     assert_eq!(v.stale_bytes, u.stale_bytes);
+    // Too early for the worker's first unmap, and no thread makes it meanwhile.
+    pool.run_simulated_unmapper(t + SIMULATED_UNMAP_US - 1);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(pool.unmapper_counts(), u);
     // A block placed where A was maps memory there: the aliases in its way go first (the
     // host backend, like the driver, refuses a mapping over another).
     let d = rt.alloc(16 * MIB as usize).unwrap();
@@ -1009,55 +1010,23 @@ fn a_moved_chunks_old_place_is_unmapped_later_or_when_in_the_way() {
         "cleared in the way"
     );
     assert!(holds(c, 24 * MIB, 3));
-    // The worker unmaps the rest.
-    WORKERS_PAUSED.store(false, Relaxed);
+    // D's memory moves under a block of 40 MiB; the worker unmaps those old places one
+    // per SIMULATED_UNMAP_US of trace time from their move on.
     rt.free(d).unwrap();
     host.complete_all(ctx.id);
     let e = rt.alloc_async(40 * MIB as usize, S1).unwrap();
     fill(e, 40 * MIB, 5);
-    assert!(pool.settle_unmaps(std::time::Duration::from_secs(10)));
-    assert_eq!(pool.unmapper_counts().stale, 0);
-    assert_eq!(pool.unmapper_counts().failures, 0);
-    for (p, s) in [(b, S1), (c, S2), (e, S1)] {
-        rt.free_async(p, s).unwrap();
-    }
-    empty_and_check_nothing_left(rt, host, ctx);
-}
-
-/// Note [simulated unmapper]: a replay's pool unmaps stale aliases on trace time, not on a
-/// thread: an alias is unmapped once `SIMULATED_UNMAP_US` of trace time has passed since it
-/// appeared (and since the unmap before it), by the thread that moves the time on.
-#[test]
-fn a_simulated_unmapper_unmaps_on_trace_time() {
-    use cupool::pool::vmm::unmapper::SIMULATED_UNMAP_US;
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (rt, host, ctx) = setup_vmm(true);
-    let _deferred = OptionFor::set("vmm_deferred_unmap", "true");
-    let a = rt.alloc_async(16 * MIB as usize, S1).unwrap();
-    let b = rt.alloc_async(16 * MIB as usize, S1).unwrap();
-    let pool = rt.context_pool(ctx).unwrap();
-    pool.simulate_unmapper();
-    pool.run_simulated_unmapper(1000);
-    // A's memory moves under a larger block at trace time 1000: its old place is an alias.
-    rt.free(a).unwrap();
-    host.complete_all(ctx.id);
-    let c = rt.alloc_async(24 * MIB as usize, S2).unwrap();
     let left = pool.unmapper_counts();
-    assert!(left.stale > 0, "A's place is left mapped");
-    let calls = |u: cupool::pool::vmm::unmapper::UnmapperCounts| u.worker_calls;
-    // Too early for the first unmap, and no thread makes it meanwhile.
-    pool.run_simulated_unmapper(1000 + SIMULATED_UNMAP_US - 1);
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    assert_eq!(pool.unmapper_counts().stale, left.stale);
-    assert_eq!(calls(pool.unmapper_counts()), calls(left));
-    // One unmap per SIMULATED_UNMAP_US: the first now, all of them n of those later.
-    pool.run_simulated_unmapper(1000 + SIMULATED_UNMAP_US);
-    assert_eq!(calls(pool.unmapper_counts()), calls(left) + 1);
-    pool.run_simulated_unmapper(1000 + left.stale * SIMULATED_UNMAP_US);
+    assert!(left.stale > 0, "D's place is left mapped");
+    let moved_at = t + SIMULATED_UNMAP_US - 1;
+    pool.run_simulated_unmapper(moved_at + SIMULATED_UNMAP_US);
+    assert_eq!(pool.unmapper_counts().worker_calls, left.worker_calls + 1);
+    pool.run_simulated_unmapper(moved_at + left.stale * SIMULATED_UNMAP_US);
     let done = pool.unmapper_counts();
     assert_eq!(done.stale, 0);
-    assert_eq!(calls(done), calls(left) + left.stale);
-    for (p, s) in [(b, S1), (c, S2)] {
+    assert_eq!(done.worker_calls, left.worker_calls + left.stale);
+    assert_eq!(done.failures, 0);
+    for (p, s) in [(b, S1), (c, S2), (e, S1)] {
         rt.free_async(p, s).unwrap();
     }
     empty_and_check_nothing_left(rt, host, ctx);

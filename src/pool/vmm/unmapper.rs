@@ -118,10 +118,6 @@ pub struct UnmapperCounts {
     pub stale_bytes: u64,
 }
 
-/// Tests: while set, the workers unmap nothing, so a test can see the aliases they would.
-#[doc(hidden)]
-pub static WORKERS_PAUSED: AtomicBool = AtomicBool::new(false);
-
 /// Takes the entries `hit` picks out of `list`, keeping the others in order.
 fn take_where(list: &mut VecDeque<Stale>, hit: impl Fn(&Stale) -> bool) -> VecDeque<Stale> {
     let (hits, rest) = list.drain(..).partition(|s| hit(s));
@@ -269,10 +265,6 @@ impl DevicePool {
                 || self.unmapper.simulated.load(Ordering::Relaxed)
             {
                 return;
-            }
-            if WORKERS_PAUSED.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
             }
             // Note [capture exclusion]: no calls while a capture is open.
             let Some(_calls) = self.enter_ordering_calls() else {

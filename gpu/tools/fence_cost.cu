@@ -18,7 +18,9 @@
 //   FENCE_HOSTWORD=1     writes the fence's number into a mapped host word
 //                        (cuStreamWriteValue64): completion is a load;
 //   FENCE_HOSTWORD=2     nothing more (does the wait change what the query costs?);
-//   FENCE_HOSTWORD=3     records an event of its own, which is queried instead.
+//   FENCE_HOSTWORD=3     records an event of its own, which is queried instead;
+//   FENCE_HOSTWORD=4     nothing more, and the check is cuStreamQuery of the private stream
+//                        (idle once every fence it waited on completed).
 //   HOSTWORD <label> record_ns=.. (all calls) load_ns=.. (the check) prev_done=..% new_done=..%
 //   SPLIT <label> record_ns=.. wait_ns=.. write_ns=..   (the calls apart)
 //   HYBRID <label> query_ns=.. (mode 1: a load, then cuEventQuery when the word has not landed)
@@ -97,6 +99,8 @@ static void host_word_loop(const char *label, CUcontext ctx, record_fn record, q
   // FENCE_HOSTWORD=3: instead of the write, an event recorded on the private stream after
   // its wait (a stream event standing for the context fence); queried instead of the word.
   bool relay = atoi(getenv("FENCE_HOSTWORD")) == 3;
+  // FENCE_HOSTWORD=4: the wait only, and the private stream queried (cuStreamQuery).
+  bool stream_query = atoi(getenv("FENCE_HOSTWORD")) == 4;
   CUevent relay_ev[8];
   for (auto &e : relay_ev) cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
   std::vector<double> t_rec, t_wait, t_write;
@@ -109,7 +113,7 @@ static void host_word_loop(const char *label, CUcontext ctx, record_fn record, q
     ++seq;
     if (relay) {
       cuEventRecord(relay_ev[seq % 8], priv);
-    } else if (!wait_only) {
+    } else if (!wait_only && !stream_query) {
       CUresult r = write64(priv, dword, seq, 0);
       if (r != CUDA_SUCCESS) {
         printf("HOSTWORD %s write failed %d\n", label, (int)r);
@@ -122,6 +126,12 @@ static void host_word_loop(const char *label, CUcontext ctx, record_fn record, q
     t_write.push_back(d - c);
     return seq;
   };
+  // Whether fence `k` is known complete, the way this mode learns it.
+  auto done_of = [&](uint64_t k) -> bool {
+    if (relay) return query(relay_ev[k % 8]) == CUDA_SUCCESS;
+    if (stream_query) return cuStreamQuery(priv) == CUDA_SUCCESS;
+    return *word >= k;
+  };
   std::vector<double> rec, lprev, lnew, hyb;
   long prev_done = 0, new_done = 0, hyb_queries = 0;
   uint64_t last = fence(ev[0]);
@@ -129,18 +139,18 @@ static void host_word_loop(const char *label, CUcontext ctx, record_fn record, q
     double t0 = now_ns();
     uint64_t mine = fence(ev[i % ring]);
     double t1 = now_ns();
-    bool done = relay ? query(relay_ev[last % 8]) == CUDA_SUCCESS : *word >= last;
+    bool done = done_of(last);
     double t2 = now_ns();
     prev_done += done;
     // HYBRID: what a poll costs that falls back to the driver when the word has not landed.
-    if ((!done && !relay) || wait_only) {
+    if ((!done && !relay && !stream_query) || wait_only) {
       hyb_queries++;
       query(ev[(i - 1) % ring]);
     }
     hyb.push_back(now_ns() - t1);
     if (i % 2 == 0) {
       double t3 = now_ns();
-      new_done += relay ? query(relay_ev[mine % 8]) == CUDA_SUCCESS : *word >= mine;
+      new_done += done_of(mine);
       lnew.push_back(now_ns() - t3);
     }
     rec.push_back(t1 - t0);
@@ -150,7 +160,7 @@ static void host_word_loop(const char *label, CUcontext ctx, record_fn record, q
   CK(cudaStreamSynchronize((cudaStream_t)priv));
   printf("HOSTWORD %s record_ns=%.1f load_ns=%.1f prev_done=%.1f%% new_done=%.1f%% final_ok=%d\n",
          label, median(rec), median(lprev), 100.0 * prev_done / (n - 1),
-         100.0 * new_done / lnew.size(), relay || *word == seq);
+         100.0 * new_done / lnew.size(), relay || stream_query || *word == seq);
   printf("SPLIT %s record_ns=%.1f wait_ns=%.1f write_ns=%.1f\n", label, median(t_rec),
          median(t_wait), median(t_write));
   printf("HYBRID %s query_ns=%.1f driver_queries=%.1f%%\n", label, median(hyb),
@@ -165,7 +175,7 @@ static void host_word_loop(const char *label, CUcontext ctx, record_fn record, q
       while (now_ns() - t0 < delay_ns) {
       }
       bool first = true;
-      while (relay ? query(relay_ev[mine % 8]) != CUDA_SUCCESS : *word < mine) first = false;
+      while (!done_of(mine)) first = false;
       first_done += first;
       lat.push_back(now_ns() - t0);
     }

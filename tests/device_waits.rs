@@ -9,6 +9,7 @@
 mod host_pool;
 
 use cupool::pool::device_waits;
+use cupool::pool::fence_times::FenceCall;
 
 const MIB: usize = 1 << 20;
 
@@ -42,6 +43,26 @@ fn a_fenced_block_is_reused_behind_a_device_wait_until_the_mode_ends() {
     assert!(made >= 20, "{made} legacy-stream waits for 20 reuses");
     assert_eq!(s.fence_device_waits, host.counters().device_waits);
     assert_eq!(s.grow_waits, 0, "the program never waited");
+    // Note [fence call times]: one call in eight of each kind was timed by this thread
+    // (other tests' threads share the pool, so at least that many).
+    let times = pool.fence_time_stats();
+    let (record, query, wait) = (
+        FenceCall::Record as usize,
+        FenceCall::Query as usize,
+        FenceCall::DeviceWait as usize,
+    );
+    assert!(times.sampled[wait] >= made / 8, "{times:?}, {made} waits");
+    assert!(
+        times.sampled[record] >= s.fences_recorded / 8 / 2,
+        "{times:?}"
+    );
+    for k in [record, query, wait] {
+        assert_eq!(
+            times.estimated_ns[k] > 0,
+            times.sampled[k] > 0,
+            "a timed call adds time: {times:?}"
+        );
+    }
 
     // Drained but not seen idle: its granules are pinned, so not stealable and not
     // released by a release of idle memory.

@@ -579,6 +579,15 @@ fn the_footprint_at_the_peak_outlives_the_peak() {
         )),
         "{text}"
     );
+    // The fence calls' estimated time (Note [fence call times]), as the pool reads it.
+    let fences = pool.fence_time_stats();
+    assert!(
+        text.contains(&format!(
+            "\"fences\":{{\"record_ns\":{},\"record_sampled\":{},",
+            fences.estimated_ns[0], fences.sampled[0]
+        )),
+        "{text}"
+    );
     assert_eq!(
         unsafe {
             cupool::ffi::device::cupool_footprint_json(

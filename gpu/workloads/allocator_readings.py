@@ -58,12 +58,15 @@ STEP_COUNT_KEYS = (
 # The VMM arena's counts (`cupool_footprint_json`'s `vmm`), prefixed `vmm_`.
 VMM_COUNT_KEYS = ("maps", "unmaps", "map_calls", "unmap_calls", "create_ns", "map_ns",
                   "unmap_ns", "release_ns", "deferred_unmap_calls", "deferred_unmap_ns")
+# The estimated time in fence calls (`cupool_footprint_json`'s `fences`), prefixed `fence_`.
+FENCE_TIME_KEYS = ("record_ns", "query_ns", "device_wait_ns")
 
 
 def cupool_counts(stats, devices):
     """cupool's monotonic counts as one flat dict of ints: `stats` is `cupool_stats_json`'s
     dict, `devices` `cupool_footprint_json`'s `devices` list (its `vmm` objects, summed over
-    devices; a library without them gives no `vmm_` keys). None when either is missing."""
+    devices, and its `fences` objects as `fence_` keys; a library without them gives no such
+    keys). None when either is missing."""
     if not isinstance(stats, dict) or "error" in stats or not isinstance(devices, list):
         return None
     out = {k: int(stats[k]) for k in STEP_COUNT_KEYS if k in stats}
@@ -72,6 +75,10 @@ def cupool_counts(stats, devices):
         if isinstance(vmm, dict):
             for k in VMM_COUNT_KEYS:
                 out["vmm_" + k] = out.get("vmm_" + k, 0) + int(vmm.get(k, 0))
+        fences = d.get("fences")
+        if isinstance(fences, dict):
+            for k in FENCE_TIME_KEYS:
+                out["fence_" + k] = out.get("fence_" + k, 0) + int(fences.get(k, 0))
     return out
 
 

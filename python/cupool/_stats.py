@@ -32,11 +32,13 @@ def raw_stats(device: int | None) -> dict[str, Any]:
 def footprint(device: int | None = None) -> list[dict[str, Any]]:
     """Where the reserved bytes of ``device``'s pool (``None``: every device's) are now and
     where they were at their peak: one dict per device, ``{"device", "now", "at_peak",
-    "vmm"}``, each footprint a dict of bytes by place (``in_use_bytes``,
+    "vmm", "fences"}``, each footprint a dict of bytes by place (``in_use_bytes``,
     ``awaiting_fence_bytes``, ``arena_hole_ends_bytes``, ..., adding up to
     ``reserved_bytes``); ``at_peak`` is None until the pool grows after a peak reset. The
     keys of ``cupool replay``'s ``at_peak``. ``vmm`` counts the VMM arena's work so far
-    (``maps``, ``map_calls``, ``unmap_calls``, ``map_ns``, ...)."""
+    (``maps``, ``map_calls``, ``unmap_calls``, ``map_ns``, ...); ``fences`` estimates the
+    time in the driver calls that order reuse after frees (``record_ns``, ``query_ns``,
+    ``device_wait_ns``, from one call in eight timed)."""
     dev = -1 if device is None else int(device)
     text = _lib.text_out(_lib.lib().cupool_footprint_json, dev, what="cupool_footprint_json")
     return json.loads(text)["devices"]

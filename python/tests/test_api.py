@@ -84,6 +84,10 @@ def test_footprint_says_where_the_peak_was():
     [dev] = cupool.footprint(0)
     assert dev["now"]["in_use_bytes"] == peak["in_use_bytes"] - (40 << 20)
     assert dev["at_peak"] == peak, "the free leaves the peak's footprint as it was"
+    # The fence calls' estimated time (Note [fence call times]): each kind timed and counted.
+    for kind in ("record", "query", "device_wait"):
+        assert isinstance(dev["fences"][f"{kind}_ns"], int)
+        assert isinstance(dev["fences"][f"{kind}_sampled"], int)
     assert [d["device"] for d in cupool.footprint()] == list(range(len(cupool.footprint())))
 
 

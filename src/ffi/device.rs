@@ -132,7 +132,8 @@ pub unsafe extern "C" fn cupool_segments_json(
 /// Writes where the reserved bytes of `device`'s pool (-1: every device's) are now and
 /// where they were when they were highest since the last peak reset, as one JSON object and
 /// a NUL, into `buf`, which the caller owns:
-/// `{"devices": [{"device", "now": {..}, "at_peak": {..} or null, "vmm": {..}}]}`. Each
+/// `{"devices": [{"device", "now": {..}, "at_peak": {..} or null, "vmm": {..}, "fences":
+/// {..}}]}`. Each
 /// footprint has `reserved_bytes`, the bytes of each place they can be (`in_use_bytes`,
 /// `awaiting_fence_bytes`, `stream_only_bytes`, `arena_hole_ends_bytes`,
 /// `arena_in_busy_chunks_bytes`, `arena_stealable_bytes`, `arena_idle_bytes`,
@@ -144,6 +145,9 @@ pub unsafe extern "C" fn cupool_segments_json(
 /// arena's work so far (granules mapped and unmapped, the driver calls that took and the
 /// time in them, `create_ns`, `map_ns`, `unmap_ns`, `release_ns`; all zero without an
 /// arena), so the mapping work of a stretch of a run is the difference of two readings.
+/// `fences` estimates the time in the driver calls that order reuse after frees
+/// (`record_ns`, `query_ns`, `device_wait_ns`, from one call in eight of each kind timed
+/// per thread, whose counts are `record_sampled`, `query_sampled`, `device_wait_sampled`).
 ///
 /// Buffer rules as for `cupool_stats_json`.
 ///

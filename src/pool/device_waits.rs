@@ -65,6 +65,7 @@
 //! later see `ENDED` and poll as before.
 
 use super::block::BlockIdx;
+use super::fence_times::FenceCall;
 use super::{all_pools, fences::Advance, DevicePool, Shared, BLOCKS};
 use crate::backend::StreamHandle;
 use crate::config::{self, Key};
@@ -198,14 +199,15 @@ impl DevicePool {
         };
         // Held over the waits: no listed stream is destroyed meanwhile.
         let streams = non_blocking();
-        let waited = self
-            .backend
-            .legacy_stream_wait(self.ctx.id, fence)
-            .and_then(|()| {
-                streams
-                    .iter()
-                    .try_for_each(|&s| self.backend.stream_wait(self.ctx.id, s, fence))
-            });
+        let waited = self.fence_call(FenceCall::DeviceWait, || {
+            self.backend
+                .legacy_stream_wait(self.ctx.id, fence)
+                .and_then(|()| {
+                    streams
+                        .iter()
+                        .try_for_each(|&s| self.backend.stream_wait(self.ctx.id, s, fence))
+                })
+        });
         match waited {
             Ok(()) => epoch,
             // The streams that did wait only wait longer than they need; the blocks are not
@@ -237,7 +239,10 @@ impl DevicePool {
         let Some(_calls) = self.enter_ordering_calls() else {
             return false;
         };
-        self.backend.stream_wait(self.ctx.id, stream, fence).is_ok()
+        self.fence_call(FenceCall::DeviceWait, || {
+            self.backend.stream_wait(self.ctx.id, stream, fence)
+        })
+        .is_ok()
     }
 
     /// Waits on the host for every fence a device wait stood in for, so that blocks it

@@ -4,6 +4,7 @@
 
 use super::block::SegmentKind;
 use super::counters::ThreadCounters;
+use super::fence_times::FenceCall;
 use super::fifo::Fifo;
 use super::{DevicePool, Request, Shared, BLOCKS};
 use crate::backend::EventHandle;
@@ -106,7 +107,9 @@ impl DevicePool {
         }
         // Note [capture exclusion]: no capture may begin between the check and the fence.
         let recorded = match self.enter_ordering_calls() {
-            Some(_calls) => self.backend.record_context_fence(self.ctx.id),
+            Some(_calls) => self.fence_call(FenceCall::Record, || {
+                self.backend.record_context_fence(self.ctx.id)
+            }),
             None => Err(crate::backend::BackendError::Capturing),
         };
         let mut sh = self.shared.lock();
@@ -246,9 +249,10 @@ impl DevicePool {
     ) -> Option<Recorded> {
         let complete = |f: Recorded| {
             queries.set(queries.get() + 1);
-            self.backend
-                .event_completed(self.ctx.id, f.0)
-                .unwrap_or(false)
+            self.fence_call(FenceCall::Query, || {
+                self.backend.event_completed(self.ctx.id, f.0)
+            })
+            .unwrap_or(false)
         };
         if complete(newest) {
             return Some(newest);

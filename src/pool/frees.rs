@@ -3,6 +3,7 @@
 
 use super::block::{BlockIdx, Place, NIL};
 use super::fence_clock::{Fence, FenceRecorder};
+use super::fence_times::FenceCall;
 use super::fences::Advance;
 use super::{DevicePool, Shared, StreamRef, BACKEND_OFF, BLOCKS, STREAMLESS};
 use crate::backend::EventHandle;
@@ -232,7 +233,9 @@ impl FenceRecorder for ThreadFences<'_> {
         }
         // Note [capture exclusion].
         let _calls = pool.enter_ordering_calls()?;
-        match pool.backend.record_context_fence(pool.ctx.id) {
+        match pool.fence_call(FenceCall::Record, || {
+            pool.backend.record_context_fence(pool.ctx.id)
+        }) {
             Ok(ev) => Some(ev.0),
             Err(e) => {
                 crate::log::debug(&format!("cupool: context fence failed: {e:?}"));
@@ -247,9 +250,11 @@ impl FenceRecorder for ThreadFences<'_> {
         if BACKEND_OFF.load(Ordering::Relaxed) {
             return false;
         }
-        pool.backend
-            .event_completed(pool.ctx.id, EventHandle(fence))
-            .unwrap_or(false)
+        pool.fence_call(FenceCall::Query, || {
+            pool.backend
+                .event_completed(pool.ctx.id, EventHandle(fence))
+        })
+        .unwrap_or(false)
     }
 
     fn recycle(&self, fence: Fence) {

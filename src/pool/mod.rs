@@ -45,6 +45,7 @@ pub mod counters;
 pub mod device_waits;
 pub mod export;
 pub mod fence_clock;
+pub mod fence_times;
 mod fences;
 pub mod fifo;
 mod footprint;
@@ -371,6 +372,8 @@ struct FenceSide {
     /// numbers is recorded: what a parked block is stamped with (Note [parked arena
     /// blocks]).
     clock: AtomicU64,
+    /// Time in the fence calls (Note [fence call times]).
+    times: fence_times::FenceTimes,
 }
 
 impl DevicePool {
@@ -408,6 +411,7 @@ impl DevicePool {
                 captures: capture::CaptureExclusion::new(),
                 thread_clock: fence_clock::FenceClock::new(),
                 clock: AtomicU64::new(1),
+                times: fence_times::FenceTimes::new(),
             }),
             device_total: AtomicU64::new(0),
             lone_fence_streak: AtomicU32::new(0),
@@ -418,6 +422,18 @@ impl DevicePool {
             parked: parked::ParkSlots::new(),
             unmapper: vmm::unmapper::Unmapper::default(),
         }
+    }
+
+    /// Estimated time in the driver calls that order reuse after frees (Note [fence call
+    /// times]).
+    pub fn fence_time_stats(&self) -> fence_times::FenceTimeStats {
+        self.fence_side.times.stats()
+    }
+
+    /// Runs the fence call `f` of kind `call`, timed now and then (Note [fence call times]).
+    #[inline]
+    pub(crate) fn fence_call<T>(&self, call: fence_times::FenceCall, f: impl FnOnce() -> T) -> T {
+        self.fence_side.times.time(call, f)
     }
 
     pub fn set_limit(&self, bytes: u64) {

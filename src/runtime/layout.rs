@@ -18,6 +18,7 @@
 use super::Runtime;
 use crate::backend::DevicePtr;
 use crate::pool::block::{SegmentKind, TAG_ALLOCATED};
+use crate::pool::fence_times::FenceTimeStats;
 use crate::pool::vmm::VmmStats;
 use crate::pool::{handover, Containing, DevicePool, Footprint, ADDRESSES, BLOCKS};
 use crate::status::Result;
@@ -303,6 +304,8 @@ pub struct DeviceFootprint {
     pub at_peak: Option<Footprint>,
     /// The VMM arena's mapping work so far (all zero without an arena).
     pub vmm: VmmStats,
+    /// Estimated time in fence calls so far (Note [fence call times]).
+    pub fences: FenceTimeStats,
 }
 
 impl Runtime {
@@ -315,6 +318,7 @@ impl Runtime {
                 now: p.footprint(),
                 at_peak: p.footprint_at_peak(),
                 vmm: p.vmm_stats(),
+                fences: p.fence_time_stats(),
             })
             .collect();
         all.sort_by_key(|f| f.device);
@@ -322,9 +326,9 @@ impl Runtime {
     }
 }
 
-/// `{"devices":[{"device":N,"now":{..},"at_peak":{..}|null,"vmm":{..}}]}`, each
-/// footprint as [`Footprint::to_json`] writes it and `vmm` as [`VmmStats::to_json`]
-/// (`cupool_footprint_json`).
+/// `{"devices":[{"device":N,"now":{..},"at_peak":{..}|null,"vmm":{..},"fences":{..}}]}`,
+/// each footprint as [`Footprint::to_json`] writes it, `vmm` as [`VmmStats::to_json`] and
+/// `fences` as [`FenceTimeStats::to_json`] (`cupool_footprint_json`).
 pub fn footprints_json(all: &[DeviceFootprint]) -> String {
     let mut out = String::from("{\"devices\":[");
     for (i, f) in all.iter().enumerate() {
@@ -336,10 +340,11 @@ pub fn footprints_json(all: &[DeviceFootprint]) -> String {
             .map_or_else(|| "null".to_string(), |p| p.to_json());
         let _ = write!(
             out,
-            "{{\"device\":{},\"now\":{},\"at_peak\":{at_peak},\"vmm\":{}}}",
+            "{{\"device\":{},\"now\":{},\"at_peak\":{at_peak},\"vmm\":{},\"fences\":{}}}",
             f.device,
             f.now.to_json(),
-            f.vmm.to_json()
+            f.vmm.to_json(),
+            f.fences.to_json()
         );
     }
     out.push_str("]}");

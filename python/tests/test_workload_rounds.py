@@ -187,11 +187,16 @@ def test_counts_come_from_the_stats_and_the_footprints_vmm(monkeypatch):
     common = workload_module("common")
     stats = {"num_allocs": 5, "grow_waits": 1, "allocated_bytes": {"current": 1, "peak": 2},
              "version": 5}
-    devices = [{"device": 0, "vmm": {"map_calls": 3, "map_ns": 900, "enabled": True}},
-               {"device": 1, "vmm": {"map_calls": 4, "map_ns": 100}}]
+    devices = [{"device": 0, "vmm": {"map_calls": 3, "map_ns": 900, "enabled": True},
+                "fences": {"query_ns": 50, "query_sampled": 2}},
+               {"device": 1, "vmm": {"map_calls": 4, "map_ns": 100},
+                "fences": {"query_ns": 70, "record_ns": 10}}]
     counts = common.cupool_counts(stats, devices)
     assert counts["num_allocs"] == 5 and counts["grow_waits"] == 1
     assert counts["vmm_map_calls"] == 7 and counts["vmm_map_ns"] == 1000
+    # The fence calls' time estimates, summed over devices (the sample counts left out).
+    assert counts["fence_query_ns"] == 120 and counts["fence_record_ns"] == 10
+    assert counts["fence_device_wait_ns"] == 0 and "fence_query_sampled" not in counts
     assert "version" not in counts and "allocated_bytes" not in counts
     # A library whose footprint has no `vmm`: the stats' counts alone.
     assert common.cupool_counts(stats, [{"device": 0}]) == {"num_allocs": 5, "grow_waits": 1}

@@ -630,6 +630,11 @@ fn stats_at_exit_prints_a_summary() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cupool: statistics at exit"), "stderr:\n{err}");
     assert!(err.contains("num_allocs"), "stderr:\n{err}");
+    // Note [fence call times]: the loop's streamless frees were fenced, and timed.
+    assert!(
+        err.contains("device 0: fence calls (estimated from one in 8): records "),
+        "stderr:\n{err}"
+    );
     let quiet = run(&exe, &["loop"], true, &[]);
     assert!(!String::from_utf8_lossy(&quiet.stderr).contains("statistics at exit"));
     // One parser, the options' booleans: `FALSE` is off, `2` is no boolean (off, said once).

@@ -107,6 +107,20 @@ impl FenceTimeStats {
         out.push('}');
         out
     }
+
+    /// One line for the exit summary, `None` when no call was timed.
+    pub fn to_line(&self, device: i32) -> Option<String> {
+        if self.sampled.iter().all(|&n| n == 0) {
+            return None;
+        }
+        let ms = |k: FenceCall| self.estimated_ns[k as usize] as f64 / 1e6;
+        Some(format!(
+            "  device {device}: fence calls (estimated from one in {SAMPLE_EVERY}): records {:.1} ms, queries {:.1} ms, device waits {:.1} ms\n",
+            ms(FenceCall::Record),
+            ms(FenceCall::Query),
+            ms(FenceCall::DeviceWait),
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -135,5 +149,9 @@ mod tests {
         let json = s.to_json();
         assert!(json.contains("\"query_sampled\":10"), "{json}");
         assert!(json.contains("\"record_ns\":0"), "{json}");
+        let line = s.to_line(3).expect("calls were timed");
+        assert!(line.starts_with("  device 3: fence calls"), "{line}");
+        assert!(line.contains("records 0.0 ms"), "{line}");
+        assert_eq!(FenceTimes::new().stats().to_line(0), None, "nothing timed");
     }
 }

@@ -40,6 +40,9 @@ pub fn write_stats_at_exit() {
                 if v.range_bytes > 0 {
                     text.push_str(&v.to_line());
                 }
+                if let Some(line) = pool.fence_time_stats().to_line(pool.ctx.device) {
+                    text.push_str(&line);
+                }
             }
             for pool in Runtime::pools_of(None) {
                 if let Some(f) = pool.footprint_at_peak() {

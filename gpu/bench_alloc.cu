@@ -150,6 +150,43 @@ static void driver_call_costs() {
   cudaStreamDestroy(s);
 }
 
+#ifndef BENCH_WITHOUT_CUPOOL
+// BENCH_THREADS_ONLY with cupool: the pool's counters and estimated fence-call time after
+// each thread count's runs (cumulative; `gpu/report.py` ignores these lines), so that a
+// scaling shortfall can be told apart: fences and queries per pair, misses that took the
+// pool's lock, time in the driver's fence calls.
+static void pool_counts_line(const char *who, int threads) {
+  static char stats[8192], places[16384];
+  stats[0] = places[0] = 0;
+  cupool_stats_json(-1, stats, sizeof stats, nullptr);
+  cupool_footprint_json(-1, places, sizeof places, nullptr);
+  auto count = [](const char *key) -> long long {
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "\"%s\":", key);
+    const char *at = strstr(stats, quoted);
+    return at ? atoll(at + strlen(quoted)) : -1;
+  };
+  const char *fences = strstr(places, "\"fences\":");
+  if (fences) {
+    char *end = strchr((char *)fences, '}');
+    if (end) end[1] = 0;
+  }
+  printf("POOLCOUNTS %s %d num_allocs=%lld cache_misses=%lld fences_recorded=%lld "
+         "fence_queries=%lld grow_waits=%lld %s\n",
+         who, threads, count("num_allocs"), count("cache_misses"), count("fences_recorded"),
+         count("fence_queries"), count("grow_waits"), fences ? fences : "");
+  fflush(stdout);
+}
+
+template <class A>
+static void threads_only(const std::vector<int> &threads) {
+  for (int t : threads) {
+    bench::throughput<A>(t);
+    pool_counts_line(A::name(), t);
+  }
+}
+#endif
+
 int main(int argc, char **argv) {
   if (cudaFree(0) != cudaSuccess) {
     printf("BENCH_ERROR no CUDA device\n");
@@ -163,6 +200,14 @@ int main(int argc, char **argv) {
     cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
   }
   std::vector<int> threads = {1, 4, 16};
+  if (const char *list = getenv("BENCH_THREAD_COUNTS")) {  // e.g. "1 8 15 16"
+    threads.clear();
+    for (char *end; *list; list = end) {
+      long n = strtol(list, &end, 10);
+      if (end == list) break;
+      if (n > 0) threads.push_back((int)n);
+    }
+  }
   auto wanted = [&](const char *name) {
     if (argc < 2) return true;
     for (int i = 1; i < argc; i++)
@@ -170,8 +215,15 @@ int main(int argc, char **argv) {
     return false;
   };
 #ifndef BENCH_WITHOUT_CUPOOL
-  if (wanted("cupool_async")) bench::run_all<CupoolAsync>(threads);
-  if (wanted("cupool_sync")) bench::run_all<CupoolSync>(threads);
+  const bool threads_only_mode = getenv("BENCH_THREADS_ONLY") != nullptr;
+  if (wanted("cupool_async")) {
+    if (threads_only_mode) threads_only<CupoolAsync>(threads);
+    else bench::run_all<CupoolAsync>(threads);
+  }
+  if (wanted("cupool_sync")) {
+    if (threads_only_mode) threads_only<CupoolSync>(threads);
+    else bench::run_all<CupoolSync>(threads);
+  }
 #else
   printf("BENCH_UNAVAILABLE cupool (built without libcupool.so)\n");
 #endif

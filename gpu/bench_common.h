@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <algorithm>
@@ -171,11 +172,20 @@ void live_blocks(size_t n, cudaStream_t s) {
 }
 
 // Aggregate pairs per second of `threads` threads, each with its own stream, each doing the
-// same number of 64 KiB pairs; all start together. Median of 3 runs.
+// same number of 64 KiB pairs; all start together. Median of 3 runs. Knobs, to tell where
+// the scaling goes: BENCH_THREAD_PAIRS=N pairs per thread instead of the allocator's
+// default (longer runs, less start skew); BENCH_THREAD_STREAM=null has each thread use the
+// NULL stream instead of a stream of its own (no stream creation, and the pool's ids of
+// the default streams need no driver call). Besides the aggregate it prints the sum of the
+// threads' own rates (pairs over each thread's own time), which start skew does not lower.
 template <class A>
 void throughput(int threads) {
   Costs c = A::costs();
+  if (const char *n = getenv("BENCH_THREAD_PAIRS")) c.thread_pairs = atoi(n);
+  const char *mode = getenv("BENCH_THREAD_STREAM");
+  const bool null_stream = mode != nullptr && strcmp(mode, "null") == 0;
   const size_t size = 64u << 10;
+  std::vector<double> own_sums, skews, slowest, fastest;
   std::vector<double> rates;
   for (int run = 0; run < 3; run++) {
     std::atomic<int> ready{0};
@@ -187,8 +197,8 @@ void throughput(int threads) {
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; t++)
       pool.emplace_back([&, t] {
-        cudaStream_t s;
-        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaStream_t s = nullptr;
+        if (!null_stream && cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
           failures++;
           ready++;
           return;
@@ -209,7 +219,7 @@ void throughput(int threads) {
         }
         ends[t] = now_ns();
         cudaStreamSynchronize(s);
-        cudaStreamDestroy(s);
+        if (!null_stream) cudaStreamDestroy(s);
       });
     while (ready.load() < threads) {
     }
@@ -219,17 +229,40 @@ void throughput(int threads) {
                    *std::min_element(starts.begin(), starts.end())) / 1e9;
     if (failures.load()) die(A::name(), "threaded alloc", size);
     rates.push_back((double)threads * c.thread_pairs / secs);
+    double own = 0, lo = 1e300, hi = 0;
+    for (int t = 0; t < threads; t++) {
+      double took = ends[t] - starts[t];
+      own += c.thread_pairs / (took / 1e9);
+      lo = std::min(lo, took);
+      hi = std::max(hi, took);
+    }
+    own_sums.push_back(own);
+    skews.push_back(*std::max_element(starts.begin(), starts.end()) -
+                    *std::min_element(starts.begin(), starts.end()));
+    slowest.push_back(hi);
+    fastest.push_back(lo);
   }
   std::sort(rates.begin(), rates.end());
+  for (auto *v : {&own_sums, &skews, &slowest, &fastest}) std::sort(v->begin(), v->end());
   double rate = rates[1];
-  printf("BENCH threads %s %d pairs_per_s=%.0f ns_per_pair_aggregate=%.1f pairs_per_thread=%d\n",
-         A::name(), threads, rate, 1e9 / rate, c.thread_pairs);
+  // own_rates_sum: the threads' own rates summed (start skew and stragglers do not lower
+  // it); start_skew_us: last start minus first; thread_ms_min/max: the fastest and slowest
+  // thread's own loop (medians over the runs).
+  printf("BENCH threads %s %d pairs_per_s=%.0f ns_per_pair_aggregate=%.1f pairs_per_thread=%d "
+         "own_rates_sum=%.0f start_skew_us=%.1f thread_ms_min=%.2f thread_ms_max=%.2f "
+         "stream=%s\n",
+         A::name(), threads, rate, 1e9 / rate, c.thread_pairs, own_sums[1], skews[1] / 1e3,
+         fastest[1] / 1e6, slowest[1] / 1e6, null_stream ? "null" : "own");
   fflush(stdout);
 }
 
-// Everything, for one allocator.
+// Everything, for one allocator (BENCH_THREADS_ONLY=1: only the throughput test).
 template <class A>
 void run_all(const std::vector<int> &thread_counts) {
+  if (getenv("BENCH_THREADS_ONLY")) {
+    for (int t : thread_counts) throughput<A>(t);
+    return;
+  }
   cudaStream_t s;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) die(A::name(), "stream", 0);
   if (!available<A>(s)) return;

@@ -13,6 +13,7 @@
 
 #include "bench_common.h"
 #ifndef BENCH_WITHOUT_CUPOOL
+#include "common.cuh"
 #include "cupool_api.h"
 
 struct CupoolAsync {
@@ -156,16 +157,9 @@ static void driver_call_costs() {
 // scaling shortfall can be told apart: fences and queries per pair, misses that took the
 // pool's lock, time in the driver's fence calls.
 static void pool_counts_line(const char *who, int threads) {
-  static char stats[8192], places[16384];
-  stats[0] = places[0] = 0;
-  cupool_stats_json(-1, stats, sizeof stats, nullptr);
+  static char places[16384];
+  places[0] = 0;
   cupool_footprint_json(-1, places, sizeof places, nullptr);
-  auto count = [](const char *key) -> long long {
-    char quoted[64];
-    snprintf(quoted, sizeof quoted, "\"%s\":", key);
-    const char *at = strstr(stats, quoted);
-    return at ? atoll(at + strlen(quoted)) : -1;
-  };
   const char *fences = strstr(places, "\"fences\":");
   if (fences) {
     char *end = strchr((char *)fences, '}');
@@ -173,8 +167,9 @@ static void pool_counts_line(const char *who, int threads) {
   }
   printf("POOLCOUNTS %s %d num_allocs=%lld cache_misses=%lld fences_recorded=%lld "
          "fence_queries=%lld grow_waits=%lld %s\n",
-         who, threads, count("num_allocs"), count("cache_misses"), count("fences_recorded"),
-         count("fence_queries"), count("grow_waits"), fences ? fences : "");
+         who, threads, pool_counter("num_allocs"), pool_counter("cache_misses"),
+         pool_counter("fences_recorded"),
+         pool_counter("fence_queries"), pool_counter("grow_waits"), fences ? fences : "");
   fflush(stdout);
 }
 

@@ -184,7 +184,9 @@ void throughput(int threads) {
   if (const char *n = getenv("BENCH_THREAD_PAIRS")) c.thread_pairs = atoi(n);
   const char *mode = getenv("BENCH_THREAD_STREAM");
   const bool null_stream = mode != nullptr && strcmp(mode, "null") == 0;
-  const size_t size = 64u << 10;
+  // BENCH_THREAD_SIZE: the block size of every pair (diagnostic; the suite's is 64 KiB).
+  const size_t size = getenv("BENCH_THREAD_SIZE") ? strtoull(getenv("BENCH_THREAD_SIZE"), nullptr, 10)
+                                                  : 64u << 10;
   std::vector<double> own_sums, skews, slowest, fastest;
   std::vector<double> rates;
   for (int run = 0; run < 3; run++) {

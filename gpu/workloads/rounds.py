@@ -1,7 +1,7 @@
 """Step time and device peak of the corpus workloads, allocators taking turns (stdlib only).
 
     python3 gpu/workloads/rounds.py OUTDIR [--rounds 3] [--workloads gpt_train ...]
-        [--steps gpt_train=90 ...] [--preload LABEL=LIBRARY[@CUPOOL_CONF] ...]
+        [--steps gpt_train=90 ...] [--workload-args gpt_train="--layers 12" ...] [--preload LABEL=LIBRARY[@CUPOOL_CONF] ...]
         [--cupool LABEL=LIBRARY[@CUPOOL_CONF] ...] [--rmm LABEL=PYTHONPATH[@INITIAL_BYTES] ...]
         [--async] [--no-expandable] [--cpus 2-9] [--warmup-steps 10] [--deadline-s 540]
 
@@ -46,6 +46,7 @@ import json
 import math
 import re
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -62,6 +63,9 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workloads", nargs="+", default=list(DEFAULT_STEPS))
     p.add_argument("--steps", action="append", default=[], metavar="WORKLOAD=N")
+    p.add_argument("--workload-args", action="append", default=[], metavar="WORKLOAD=ARGS",
+                   help="more arguments for one workload's runs, split as a shell would "
+                        "(gpt_train='--d-model 1536 --layers 12': a larger model)")
     p.add_argument("--preload", action="append", default=[],
                    metavar="LABEL=LIBRARY[@CUPOOL_CONF]",
                    help="a cupool preload library to run under (repeatable)")
@@ -94,6 +98,14 @@ def parse_args(argv):
     p.add_argument("--deadline-s", type=float, default=540.0)
     p.add_argument("--proc-timeout-s", type=float, default=150.0)
     args = p.parse_args(argv)
+    args.extra = {}
+    for item in args.workload_args:
+        name, eq, rest = item.partition("=")
+        if not eq:
+            p.error(f"--workload-args wants WORKLOAD=ARGS, got {item!r}")
+        if name not in args.workloads:
+            p.error(f"--workload-args for {name!r}, which is not among --workloads")
+        args.extra.setdefault(name, []).extend(shlex.split(rest))
     steps = dict(DEFAULT_STEPS)
     for item in args.steps:
         name, _, n = item.partition("=")
@@ -256,6 +268,7 @@ def run(args, steps, modes):
                        "--seed", str(args.seed), "--mode", kind, "--out-json", out_json]
                 if name in steps:
                     cmd += ["--steps", str(steps[name])]
+                cmd += args.extra.get(name, [])
                 log = os.path.join(args.outdir, "logs", tag)
                 t0 = time.monotonic()
                 with open(log + ".out", "w") as o, open(log + ".err", "w") as e:

@@ -24,6 +24,8 @@ STAND_IN = textwrap.dedent(
     p = argparse.ArgumentParser()
     for flag in ("--steps", "--seed"):
         p.add_argument(flag, type=int)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--name")
     p.add_argument("--mode")
     p.add_argument("--out-json")
     a = p.parse_args()
@@ -43,7 +45,8 @@ STAND_IN = textwrap.dedent(
         json.dump({"cpus": sorted(os.sched_getaffinity(0)),
                    "allocator": os.environ.get("WORKLOAD_ALLOCATOR"),
                    "rmm_initial": os.environ.get("WORKLOAD_RMM_INITIAL_POOL"),
-                   "cycles": os.environ.get("WORKLOAD_VMM_CYCLES")}, f)
+                   "cycles": os.environ.get("WORKLOAD_VMM_CYCLES"),
+                   "layers": a.layers, "name": a.name}, f)
     losses = [1.0, 0.6] if conf == "other_losses:1" else [1.0, 0.5]
     # cupool's counts per step: waits in the 7 slow steps, two map calls every other step.
     counts = None
@@ -318,6 +321,26 @@ def test_env_reaches_only_its_label_and_the_cycles_are_tabled(tmp_path):
     # Steps 10 and 11: 10.5 cycles and 1.05 ms a step; no other label has cycles.
     assert row(table[head:], "same") == "  same         10.50 | 1.050"
     assert not any(line.split()[:1] == ["native"] for line in table[head:].splitlines())
+
+
+def test_workload_args_reach_every_run_of_their_workload(tmp_path):
+    done, out = run_rounds(tmp_path, "--workload-args", "stand_in=--layers 12",
+                           "--workload-args", "stand_in=--name 'two words'")
+    assert done.returncode == 1  # the failing preload
+    runs = list(out.glob("*.json.env"))
+    assert runs
+    for result in runs:
+        env = json.loads(result.read_text())
+        assert (env["layers"], env["name"]) == (12, "two words"), result.name
+
+
+def test_workload_args_without_a_workload_are_a_usage_error(tmp_path):
+    done, _ = run_rounds(tmp_path, "--workload-args", "--layers 12")
+    assert done.returncode == 2
+    assert "--workload-args wants WORKLOAD=ARGS" in done.stderr
+    done, _ = run_rounds(tmp_path, "--workload-args", "other=--layers 3")
+    assert done.returncode == 2
+    assert "not among --workloads" in done.stderr
 
 
 def test_env_for_a_label_not_run_is_a_usage_error(tmp_path):

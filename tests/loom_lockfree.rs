@@ -13,7 +13,7 @@ use cupool::pool::address_map::AddressMap;
 use cupool::pool::block::{BlockTable, Place, TakeBack};
 use cupool::pool::capture::CaptureExclusion;
 use cupool::pool::counters::{Level, ThreadCounters};
-use cupool::pool::fence_clock::{FenceClock, FenceRecorder};
+use cupool::pool::fence_clock::{FenceClock, FenceRecorder, Urge};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -293,12 +293,12 @@ fn a_shared_fence_covers_what_came_before_its_ticket() {
             // The program's work on the batch's blocks, then the batch closes.
             a.launched.store(1, Relaxed);
             let need = clock_a.ticket();
-            (need, clock_a.advance(need, false, &a))
+            (need, clock_a.advance(need, Urge::Ask, &a))
         });
         // Another thread's batch, closing at the same time.
         let other = thread::spawn(move || {
             let need = clock_b.ticket();
-            clock_b.advance(need, true, &b);
+            clock_b.advance(need, Urge::Wait, &b);
         });
         other.join().unwrap();
         let (need, covered) = closer.join().unwrap();
@@ -317,7 +317,7 @@ fn a_shared_fence_covers_what_came_before_its_ticket() {
             assert!(retired.iter().any(|f| f >> 1 >= need));
         }
         // Nobody is left waiting: a fence recorded now covers the batch.
-        assert!(clock.advance(need, true, &device()));
+        assert!(clock.advance(need, Urge::Wait, &device()));
     });
 }
 

@@ -255,3 +255,70 @@ fn kept_blocks_a_loop_stopped_using_go_back_to_the_pool() {
         assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);
     });
 }
+
+/// Bytes this thread keeps for `ctx`'s pool: blocks waiting for a fence, less those in the
+/// pool's own fence queue.
+fn kept_bytes(rt: &cupool::runtime::Runtime, ctx: cupool::backend::ContextInfo) -> u64 {
+    let pending = rt.context_stats(ctx).unwrap().pending_fence_bytes;
+    pending - rt.context_pool(ctx).unwrap().footprint().awaiting_fence
+}
+
+/// Frees `n` streamless 64 KiB blocks in a row (fences held: none is covered).
+fn free_streamless_64k(rt: &cupool::runtime::Runtime, n: usize) {
+    let blocks: Vec<u64> = (0..n).map(|_| rt.alloc(64 << 10).unwrap()).collect();
+    for p in blocks {
+        rt.free(p).unwrap();
+    }
+}
+
+/// Note [kept bytes under contention]: alone, a thread keeps at most 2 MiB of streamless
+/// frees waiting for their fence; the rest goes to the pool's queue.
+#[test]
+fn a_thread_alone_keeps_at_most_two_mib() {
+    with_kept(|| {
+        let (rt, host, ctx) = setup_held();
+        free_streamless_64k(rt, 96);
+        let kept = kept_bytes(rt, ctx);
+        assert!(kept > 1 << 20 && kept <= 2 << 20, "kept {kept} bytes");
+        assert!(!rt.context_pool(ctx).unwrap().thread_fences_crowded());
+        host.complete_all(ctx.id);
+        host.set_manual_completion(ctx.id, false);
+        rt.flush_thread_cache();
+        rt.empty_context_cache(ctx).unwrap();
+        assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);
+    });
+}
+
+/// Note [kept bytes under contention]: once four threads close batches on the shared
+/// fences, one of them records for all (Note [fence recorder role]), and each keeps up to
+/// 4 MiB, so that it does not run dry while its batches wait for the holder's fence.
+#[test]
+fn a_thread_keeps_more_while_many_share_the_fences() {
+    with_kept(|| {
+        let (rt, host, ctx) = setup_held();
+        let pool = rt.context_pool(ctx).unwrap();
+        // Times that outlast the other threads: what they did still counts.
+        const LONG_NS: u64 = 60_000_000_000;
+        pool.set_thread_fence_role_times(LONG_NS, LONG_NS, LONG_NS);
+        for _ in 0..3 {
+            std::thread::spawn(move || {
+                host.make_current(ctx);
+                // Enough to close a batch (the last of them holds the role).
+                free_streamless_64k(rt, 16);
+            })
+            .join()
+            .unwrap();
+            assert!(!pool.thread_fences_crowded(), "three threads are not many");
+        }
+        free_streamless_64k(rt, 96);
+        assert!(pool.thread_fences_crowded(), "four threads closed batches");
+        let kept = kept_bytes(rt, ctx);
+        assert!(kept > 3 << 20 && kept <= 4 << 20, "kept {kept} bytes");
+        host.complete_all(ctx.id);
+        host.set_manual_completion(ctx.id, false);
+        rt.flush_thread_cache();
+        rt.empty_context_cache(ctx).unwrap();
+        assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);
+        pool.check_invariants().unwrap();
+    });
+}

@@ -26,6 +26,36 @@
 //! Completion: a context fence covers every stream's work queued before it, so a later
 //! fence completing means every earlier one's work is done. Fences are retired oldest first
 //! and `done` only grows.
+//!
+//! Note [fence recorder role]: the driver's fence calls cost much more when consecutive
+//! ones come from different threads. With 16 threads taking turns on the try-lock, as every
+//! thread whose batch closed did, a record took 1.16 µs and a query 0.57 µs in the pool
+//! against 0.40 and 0.32 µs on one thread, and with the calls made one at a time they bound
+//! the path (the same pool with its fences taken out ran 4× the pairs). The probe
+//! `gpu/tools/fence_threads.cu` shows why: the same calls made by one thread while 15
+//! others run cost what they cost alone (record 0.24-0.35 µs, query 0.25-0.51 µs), made in
+//! turns 0.56-0.77 and 0.71-0.79 µs. So while [`MANY_CLOSERS`] or more threads close
+//! batches, one thread at a time holds the recorder role. A batch that closes elsewhere
+//! only asks (`asks`, [`Urge::Ask`]) and returns without touching the lock; the holder's
+//! next call records one fence that covers every ticket asked for. A thread that needs its
+//! kept blocks now ([`Urge::Try`]: its ready bins are empty) or must be answered
+//! ([`Urge::Wait`]) acts whatever the role: with the role gating those calls too, a holder
+//! busy with its own pairs left the others' batches uncovered, and 512 B pairs at 16
+//! threads fell from 65-81 to 37-44 M/s. The role passes on when its holder has not come
+//! back for [`ROLE_IDLE_NS`] (it stopped allocating, or sleeps), and after
+//! [`ROLE_TENURE_NS`] even if it has, so that no one thread does every fence call of a busy
+//! process. H200, 16 threads of 64 KiB streamless pairs: 23.5-25.7 → 33.9-37.4 M pairs/s,
+//! fences 177 000-192 000 → 119 000-123 000 a process; 512 B level (docs/BENCHMARKS.md,
+//! seventeenth session).
+//!
+//! Why only with many threads: PyTorch under the preload frees from two threads (the
+//! program's and autograd's), whose fence calls rarely meet. With the role for any number
+//! of threads the GPT loop's steady step went from 0.99-1.11× native's to 1.05-1.27× in
+//! five rounds (noisy, but never better); with fewer than four threads closing batches in
+//! the last ms or two, every thread records for itself as before. Asking rather than
+//! recording is always safe: a batch not yet covered waits, or goes back to the pool (Note
+//! [thread fences]). Under the model checker every caller holds the role (no time there);
+//! the clock's numbering, which the model checks, does not depend on who records.
 
 use crate::sync::{AtomicU64, LineApart, Lock};
 use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
@@ -36,6 +66,59 @@ pub type Fence = u64;
 
 /// Fences recorded and not known complete, at most (Note [shared thread fences]).
 pub const MAX_IN_FLIGHT: usize = 4;
+
+/// How long the recorder role waits for its holder's next call before another thread may
+/// take it (Note [fence recorder role]): a thread that closes a batch every few hundred ns
+/// comes back well within it; a thread that stopped allocating leaves the others' batches
+/// waiting this long at most, about what one thread's kept blocks last at 16 threads.
+pub const ROLE_IDLE_NS: u64 = 20_000;
+/// How long one thread keeps the recorder role while it keeps coming back.
+pub const ROLE_TENURE_NS: u64 = 200_000;
+
+/// How hard a caller of [`FenceClock::advance`] presses (Note [fence recorder role]).
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Urge {
+    /// A batch just closed: record only as the recorder role's holder (or taking a role
+    /// nobody holds), else leave the ticket for the holder and return.
+    Ask,
+    /// The caller needs its blocks now: record unless another thread is in the clock.
+    Try,
+    /// The caller must be answered: wait for the clock.
+    Wait,
+}
+
+/// What threads that did not record asked for (Note [fence recorder role]).
+struct Asks {
+    /// The newest ticket asked for.
+    newest: AtomicU64,
+}
+
+/// Threads whose batches closed lately, for [`FenceClock::many_closers`]: a bit per thread
+/// (its number modulo 64), in windows of [`CLOSERS_WINDOW_NS`].
+struct Closers {
+    now: AtomicU64,
+    previous: AtomicU64,
+    /// When the current window began (monotonic ns).
+    since: AtomicU64,
+    window_ns: AtomicU64,
+}
+
+/// How many threads must have closed batches in the current or the previous window for
+/// the recorder role to apply (Note [fence recorder role]).
+pub const MANY_CLOSERS: u32 = 4;
+/// The length of a window of [`Closers`].
+pub const CLOSERS_WINDOW_NS: u64 = 1_000_000;
+
+/// Who records the shared fences now (Note [fence recorder role]).
+struct Role {
+    /// The holder's thread token; 0 when nobody holds it.
+    holder: AtomicU64,
+    /// Until when (monotonic ns) the holder keeps it without coming back.
+    until: AtomicU64,
+    /// [`ROLE_IDLE_NS`] and [`ROLE_TENURE_NS`] (tests lengthen them).
+    idle_ns: AtomicU64,
+    tenure_ns: AtomicU64,
+}
 
 /// What the clock needs from a backend: record a context fence now, ask whether one has
 /// completed, give a completed one back.
@@ -57,6 +140,10 @@ pub struct FenceClock {
     /// The number of the newest fence known complete: read by every check, written once a
     /// poll retires fences.
     done: LineApart<AtomicU64>,
+    /// Tickets asked for by threads that did not record.
+    asks: LineApart<Asks>,
+    closers: LineApart<Closers>,
+    role: LineApart<Role>,
     in_flight: Lock<InFlight>,
 }
 
@@ -67,6 +154,8 @@ struct InFlight {
     len: usize,
     /// The number of the newest fence recorded (a record that failed leaves it).
     newest: u64,
+    /// When the recorder role's holder took it (monotonic ns; Note [fence recorder role]).
+    role_taken: u64,
     /// Fences recorded and queries made so far (the `fences_recorded` and `fence_queries`
     /// statistics), counted under the lock so the threads' path has no counter to share.
     recorded: u64,
@@ -101,11 +190,27 @@ impl FenceClock {
         FenceClock {
             started: LineApart(AtomicU64::new(0)),
             done: LineApart(AtomicU64::new(0)),
+            asks: LineApart(Asks {
+                newest: AtomicU64::new(0),
+            }),
+            closers: LineApart(Closers {
+                now: AtomicU64::new(0),
+                previous: AtomicU64::new(0),
+                since: AtomicU64::new(0),
+                window_ns: AtomicU64::new(CLOSERS_WINDOW_NS),
+            }),
+            role: LineApart(Role {
+                holder: AtomicU64::new(0),
+                until: AtomicU64::new(0),
+                idle_ns: AtomicU64::new(ROLE_IDLE_NS),
+                tenure_ns: AtomicU64::new(ROLE_TENURE_NS),
+            }),
             in_flight: Lock::new(InFlight {
                 fences: [(0, 0); MAX_IN_FLIGHT],
                 head: 0,
                 len: 0,
                 newest: 0,
+                role_taken: 0,
                 recorded: 0,
                 queries: 0,
             }),
@@ -126,24 +231,43 @@ impl FenceClock {
     }
 
     /// Brings the clock forward for ticket `need`: retires the fences that completed and,
-    /// when no fence recorded yet covers `need` and fewer than [`MAX_IN_FLIGHT`] are
-    /// outstanding, records one (and asks once whether it completed already). With
-    /// `wait_for_lock` false it gives up at once while another thread does this. Returns
-    /// whether `need` is covered now.
-    pub fn advance(&self, need: u64, wait_for_lock: bool, device: &impl FenceRecorder) -> bool {
+    /// when no fence recorded yet covers `need` (or a ticket another thread asked for) and
+    /// fewer than [`MAX_IN_FLIGHT`] are outstanding, records one (and asks once whether it
+    /// completed already). `urge` says when the caller gives up instead (Note [fence
+    /// recorder role]). Returns whether `need` is covered now.
+    pub fn advance(&self, need: u64, urge: Urge, device: &impl FenceRecorder) -> bool {
         if self.covers(need) {
             return true;
         }
-        let mut f = if wait_for_lock {
+        let me = role::token();
+        // Among many closing threads, the time now (the role goes by it); else None.
+        let crowded = match urge {
+            Urge::Ask => self.note_closer(me),
+            Urge::Try | Urge::Wait => None,
+        };
+        if let Some(now) = crowded {
+            if !self.may_record(me, now) {
+                self.ask(need);
+                return false;
+            }
+        }
+        let mut f = if urge == Urge::Wait {
             self.in_flight.lock()
         } else {
             match self.in_flight.try_lock() {
                 Some(f) => f,
-                None => return false,
+                None => {
+                    self.ask(need);
+                    return false;
+                }
             }
         };
+        if let Some(now) = crowded {
+            self.hold_role(&mut f, me, now);
+        }
         self.retire(&mut f, device);
-        if f.newest < need && f.len < MAX_IN_FLIGHT {
+        let target = need.max(self.asks.newest.load(Acquire));
+        if f.newest < target && f.len < MAX_IN_FLIGHT {
             // Numbered before it is recorded (Note [shared thread fences]).
             let seq = self.started.fetch_add(1, AcqRel) + 1;
             if let Some(fence) = device.record() {
@@ -154,6 +278,78 @@ impl FenceClock {
         }
         drop(f);
         self.covers(need)
+    }
+
+    /// Sets how long the recorder role lasts without its holder and in all, and the
+    /// window in which closing threads are counted (tests: times that outlast a thread's
+    /// start, so that what one thread did still counts when the next one comes).
+    pub fn set_role_times(&self, idle_ns: u64, tenure_ns: u64, window_ns: u64) {
+        self.role.idle_ns.store(idle_ns, Relaxed);
+        self.role.tenure_ns.store(tenure_ns, Relaxed);
+        self.closers.window_ns.store(window_ns, Relaxed);
+    }
+
+    /// Leaves ticket `need` for whoever records next.
+    fn ask(&self, need: u64) {
+        self.asks.newest.fetch_max(need, AcqRel);
+    }
+
+    /// Counts the calling thread (`me`) among those whose batches closed lately; returns
+    /// the time now when they are [`MANY_CLOSERS`] or more (Note [fence recorder role]),
+    /// else None. A thread already counted among fewer reads two words and no clock: the
+    /// path of a program with one such thread. The first call of a window starts the next.
+    fn note_closer(&self, me: u64) -> Option<u64> {
+        let c = &self.closers;
+        let bit = 1u64 << (me % 64);
+        let seen = c.now.load(Relaxed);
+        if seen & bit != 0 && (seen | c.previous.load(Relaxed)).count_ones() < MANY_CLOSERS {
+            return None;
+        }
+        let now = role::now_ns();
+        let since = c.since.load(Relaxed);
+        if now.saturating_sub(since) >= c.window_ns.load(Relaxed)
+            && c.since
+                .compare_exchange(since, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            c.previous.store(c.now.swap(0, Relaxed), Relaxed);
+        }
+        let mut seen = c.now.load(Relaxed);
+        if seen & bit == 0 {
+            seen = c.now.fetch_or(bit, Relaxed) | bit;
+        }
+        ((seen | c.previous.load(Relaxed)).count_ones() >= MANY_CLOSERS).then_some(now)
+    }
+
+    /// Whether [`MANY_CLOSERS`] or more threads closed batches on this clock in the
+    /// current or the previous window (as of the last close): their batches wait on fences
+    /// one thread records (Note [kept bytes under contention] in `thread_cache/kept.rs`).
+    pub fn many_closers(&self) -> bool {
+        let c = &self.closers;
+        (c.now.load(Relaxed) | c.previous.load(Relaxed)).count_ones() >= MANY_CLOSERS
+            && role::now_ns().saturating_sub(c.since.load(Relaxed)) < 2 * c.window_ns.load(Relaxed)
+    }
+
+    /// Whether the calling thread (`me`) may record now: it holds the recorder role, or
+    /// nobody does, or the holder's time is up (Note [fence recorder role]).
+    #[inline]
+    fn may_record(&self, me: u64, now: u64) -> bool {
+        let holder = self.role.holder.load(Relaxed);
+        holder == me || holder == 0 || now >= self.role.until.load(Relaxed)
+    }
+
+    /// Takes the recorder role for `me` (or keeps it), under the lock, among many closing
+    /// threads (fewer have no role: each records for itself): it stays `me`'s
+    /// until [`ROLE_IDLE_NS`] from now, and at most [`ROLE_TENURE_NS`] from when `me` took it
+    /// (or the clock's own times).
+    fn hold_role(&self, f: &mut InFlight, me: u64, now: u64) {
+        if self.role.holder.load(Relaxed) != me {
+            self.role.holder.store(me, Relaxed);
+            f.role_taken = now;
+        }
+        let idle = self.role.idle_ns.load(Relaxed);
+        let until = (now + idle).min(f.role_taken + self.role.tenure_ns.load(Relaxed));
+        self.role.until.store(until, Relaxed);
     }
 
     /// Retires completed fences, oldest first, up to the first that has not completed.
@@ -179,5 +375,229 @@ impl FenceClock {
     /// The number of the newest fence begun (the model check's device reads it).
     pub fn started(&self) -> u64 {
         self.started.load(Relaxed)
+    }
+}
+
+/// The thread token and the time the recorder role goes by (Note [fence recorder role]).
+#[cfg(not(loom))]
+mod role {
+    use core::cell::Cell;
+    use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+    /// The calling thread's number, never 0: threads are numbered in the order they first
+    /// ask, so threads alive together get distinct numbers (and, up to 64 of them,
+    /// distinct bits in [`super::Closers`]).
+    #[inline]
+    pub(super) fn token() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        thread_local!(static ID: Cell<u64> = const { Cell::new(0) });
+        ID.try_with(|id| {
+            if id.get() == 0 {
+                id.set(NEXT.fetch_add(1, Relaxed));
+            }
+            id.get()
+        })
+        .unwrap_or(u64::MAX)
+    }
+
+    /// Monotonic ns (the vDSO: no system call).
+    #[inline]
+    pub(super) fn now_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        (ts.tv_sec as u64).wrapping_mul(1_000_000_000) + ts.tv_nsec as u64
+    }
+}
+
+/// Under the model checker every caller holds the role: one token, time standing still.
+#[cfg(loom)]
+mod role {
+    pub(super) fn token() -> u64 {
+        1
+    }
+
+    pub(super) fn now_ns() -> u64 {
+        0
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64 as StdU64;
+    use std::sync::Arc;
+
+    /// A device whose fences complete at once; counts the records.
+    #[derive(Default)]
+    struct Instant {
+        records: StdU64,
+    }
+
+    impl FenceRecorder for Instant {
+        fn record(&self) -> Option<Fence> {
+            Some(self.records.fetch_add(1, Relaxed) + 1)
+        }
+        fn completed(&self, _fence: Fence) -> bool {
+            true
+        }
+        fn recycle(&self, _fence: Fence) {}
+    }
+
+    fn on_other_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::spawn(f).join().unwrap()
+    }
+
+    /// Long enough that a thread started meanwhile finds the role held and the closers
+    /// of earlier threads counted.
+    const HELD_NS: u64 = 10_000_000_000;
+
+    /// A clock whose role lasts `idle_ns` without its holder and `tenure_ns` in all, and
+    /// whose closers are counted over [`HELD_NS`].
+    fn clock_with(idle_ns: u64, tenure_ns: u64) -> Arc<FenceClock> {
+        let clock = Arc::new(FenceClock::new());
+        clock.set_role_times(idle_ns, tenure_ns, HELD_NS);
+        clock
+    }
+
+    /// Threads kept alive until dropped, so that each has closed as a thread of its own.
+    struct Crowd(
+        Vec<std::sync::mpsc::Sender<()>>,
+        Vec<std::thread::JoinHandle<()>>,
+    );
+
+    impl Drop for Crowd {
+        fn drop(&mut self) {
+            self.0.clear();
+            for t in self.1.drain(..) {
+                t.join().unwrap();
+            }
+        }
+    }
+
+    /// `n` threads, one after the other, each close a batch (and record for it, fewer
+    /// than [`MANY_CLOSERS`] having closed so far), then wait, alive, until dropped.
+    fn crowd(clock: &Arc<FenceClock>, device: &Arc<Instant>, n: usize) -> Crowd {
+        let mut crowd = Crowd(Vec::new(), Vec::new());
+        for _ in 0..n {
+            let (c, d) = (clock.clone(), device.clone());
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            let (stay_tx, stay_rx) = std::sync::mpsc::channel::<()>();
+            crowd.1.push(std::thread::spawn(move || {
+                done_tx.send(c.advance(c.ticket(), Urge::Ask, &*d)).unwrap();
+                let _ = stay_rx.recv();
+            }));
+            crowd.0.push(stay_tx);
+            assert!(
+                done_rx.recv().unwrap(),
+                "a crowd thread's batch not covered"
+            );
+        }
+        crowd
+    }
+
+    #[test]
+    fn one_thread_records_and_is_covered() {
+        let (clock, device) = (FenceClock::new(), Instant::default());
+        let need = clock.ticket();
+        assert!(!clock.covers(need));
+        assert!(clock.advance(need, Urge::Ask, &device));
+        assert_eq!(device.records.load(Relaxed), 1);
+        let next = clock.ticket();
+        assert!(clock.advance(next, Urge::Ask, &device));
+        assert_eq!(device.records.load(Relaxed), 2);
+        assert!(!clock.many_closers());
+    }
+
+    /// Note [fence recorder role]: with fewer than four threads closing batches, every
+    /// thread records for itself, as before the role (PyTorch's two threads under the
+    /// preload).
+    #[test]
+    fn a_few_threads_record_for_themselves() {
+        let clock = clock_with(HELD_NS, HELD_NS);
+        let device = Arc::new(Instant::default());
+        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
+        let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 2);
+        assert_eq!(device.records.load(Relaxed), MANY_CLOSERS as u64 - 1);
+        assert!(!clock.many_closers());
+    }
+
+    /// Note [fence recorder role]: among many threads, one that does not hold the role
+    /// asks and returns without a driver call; the holder's next call records one fence
+    /// that covers both.
+    #[test]
+    fn among_many_threads_the_holder_records_for_the_others() {
+        let clock = clock_with(HELD_NS, HELD_NS);
+        let device = Arc::new(Instant::default());
+        let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
+        // The fourth to close: the first among many, it takes the role.
+        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
+        assert!(clock.many_closers());
+        let before = device.records.load(Relaxed);
+        let (theirs, recorded) = ask_on_other_thread(&clock, &device);
+        assert!(!recorded, "a thread without the role recorded");
+        assert_eq!(device.records.load(Relaxed), before, "no driver call");
+        assert!(!clock.covers(theirs));
+        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
+        assert_eq!(device.records.load(Relaxed), before + 1);
+        assert!(
+            clock.covers(theirs),
+            "the holder's fence covers the asker's batch"
+        );
+    }
+
+    /// A thread's batch closing, on a thread of its own: its ticket and whether it was
+    /// covered.
+    fn ask_on_other_thread(clock: &Arc<FenceClock>, device: &Arc<Instant>) -> (u64, bool) {
+        let (c, d) = (clock.clone(), device.clone());
+        on_other_thread(move || {
+            let need = c.ticket();
+            (need, c.advance(need, Urge::Ask, &*d))
+        })
+    }
+
+    #[test]
+    fn the_role_passes_on_when_its_holder_stays_away() {
+        const IDLE_NS: u64 = 50_000_000;
+        let clock = clock_with(IDLE_NS, HELD_NS);
+        let device = Arc::new(Instant::default());
+        let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
+        let taken = role::now_ns();
+        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
+        let (_, recorded) = ask_on_other_thread(&clock, &device);
+        if role::now_ns() - taken < IDLE_NS {
+            assert!(!recorded, "refused while the holder's time runs");
+        }
+        std::thread::sleep(std::time::Duration::from_nanos(IDLE_NS * 2));
+        let (_, recorded) = ask_on_other_thread(&clock, &device);
+        assert!(recorded, "the holder stayed away: another thread records");
+    }
+
+    #[test]
+    fn the_role_passes_on_after_its_tenure() {
+        let clock = clock_with(HELD_NS, 1);
+        let device = Arc::new(Instant::default());
+        let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
+        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
+        let (_, recorded) = ask_on_other_thread(&clock, &device);
+        assert!(recorded);
+        assert_eq!(device.records.load(Relaxed), MANY_CLOSERS as u64 + 1);
+    }
+
+    #[test]
+    fn callers_that_need_their_blocks_or_an_answer_ignore_the_role() {
+        let clock = clock_with(HELD_NS, HELD_NS);
+        let device = Arc::new(Instant::default());
+        let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
+        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
+        let before = device.records.load(Relaxed);
+        for urge in [Urge::Try, Urge::Wait] {
+            let (c, d) = (clock.clone(), device.clone());
+            assert!(on_other_thread(move || c.advance(c.ticket(), urge, &*d)));
+        }
+        assert_eq!(device.records.load(Relaxed), before + 2);
     }
 }

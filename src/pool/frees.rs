@@ -2,7 +2,7 @@
 //! one (reusable once a context fence covers it).
 
 use super::block::{BlockIdx, Place, NIL};
-use super::fence_clock::{Fence, FenceRecorder};
+use super::fence_clock::{Fence, FenceRecorder, Urge};
 use super::fence_times::FenceCall;
 use super::fences::Advance;
 use super::{DevicePool, Shared, StreamRef, BACKEND_OFF, BLOCKS, STREAMLESS};
@@ -182,12 +182,28 @@ impl DevicePool {
     }
 
     /// Brings the shared thread fences forward for ticket `need` (retires completed fences,
-    /// records one if none covers `need` yet), unless another thread is doing so now.
-    /// Returns whether `need` is covered.
-    pub fn advance_thread_fences(&self, need: u64) -> bool {
+    /// records one if none covers `need` yet), unless another thread is doing so now or,
+    /// with [`Urge::Ask`], holds the recorder role (Note [fence recorder role]). Returns
+    /// whether `need` is covered.
+    pub fn advance_thread_fences(&self, need: u64, urge: Urge) -> bool {
         self.fence_side
             .thread_clock
-            .advance(need, false, &ThreadFences(self))
+            .advance(need, urge, &ThreadFences(self))
+    }
+
+    /// Sets the shared thread fences' recorder role times and closer window (Note [fence
+    /// recorder role]): for tests, which need times that outlast a thread's start.
+    #[doc(hidden)]
+    pub fn set_thread_fence_role_times(&self, idle_ns: u64, tenure_ns: u64, window_ns: u64) {
+        self.fence_side
+            .thread_clock
+            .set_role_times(idle_ns, tenure_ns, window_ns);
+    }
+
+    /// Whether many threads' batches share the thread fences now (Note [kept bytes under
+    /// contention] in `thread_cache/kept.rs`).
+    pub fn thread_fences_crowded(&self) -> bool {
+        self.fence_side.thread_clock.many_closers()
     }
 
     /// Blocks a thread kept after freeing them without a stream come back (Note [thread

@@ -194,6 +194,10 @@ pub struct ThreadCache {
     /// Streamless allocations in a row the kept blocks did not serve (Note [stale kept
     /// blocks]).
     kept_misses: u32,
+    /// Most bytes this thread keeps now: [`kept::KEPT_MAX_BYTES`], or
+    /// [`kept::KEPT_MAX_BYTES_SHARED`] while other threads' batches wait on the same fences
+    /// (Note [kept bytes under contention]).
+    kept_cap: u64,
     ready: Ready,
     bytes: u64,
     flush_epoch: u64,
@@ -207,6 +211,7 @@ impl ThreadCache {
             slots: [Slot::EMPTY; SLOTS],
             kept: [Kept::EMPTY; KEPT_BATCHES],
             kept_misses: 0,
+            kept_cap: kept::KEPT_MAX_BYTES,
             ready: Ready::new(),
             bytes: 0,
             flush_epoch: FLUSH_EPOCH.load(Relaxed),

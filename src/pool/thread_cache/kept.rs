@@ -1,7 +1,7 @@
 //! Note [thread fences]: with `thread_cache_streamless`, small blocks freed without a
 //! stream are kept by the freeing thread, in batches per pool. A batch closes after
-//! `fence_batch` frees or [`KEPT_CLOSE_BYTES`] (after a quarter of `fence_batch` or of
-//! [`KEPT_MAX_BYTES`] when no other batch waits for its fence, or on a miss) and takes a
+//! `fence_batch` frees or half of what the thread may keep (after a quarter of
+//! `fence_batch` or of that when no other batch waits for its fence, or on a miss) and takes a
 //! ticket of the pool's shared thread fences: the frees came before the ticket
 //! in this thread's program order, so any fence numbered at or above it covers the work
 //! that used the blocks (Note [shared thread fences] in `pool/fence_clock.rs`). Once such a
@@ -23,6 +23,7 @@
 
 use super::super::block::{BlockIdx, Place, NIL};
 use super::super::counters::ThreadCounters;
+use super::super::fence_clock::Urge;
 use super::super::size_class::class_of;
 use super::super::{pool_by_index, DevicePool, BLOCKS, SMALL_MAX, STREAMLESS};
 use super::thread_counters;
@@ -32,23 +33,31 @@ use super::{Limits, ThreadCache};
 /// context fence, and one pool lock, per batch).
 pub const KEPT_BATCH: usize = 64;
 /// Largest block a thread keeps. A batch must hold several blocks to share a fence: a
-/// larger block fills half of [`KEPT_CLOSE_BYTES`] alone, so its batch would close at once,
+/// larger block fills half of what a batch holds alone, so its batch would close at once,
 /// one fence per free, which the pool's own path does better (Note [lone fences]): the
 /// preload's 1 MiB pair took 576-579 ns kept against 447-453 ns through the pool on an H100
 /// (docs/BENCHMARKS.md).
-const KEPT_MAX_BLOCK: u64 = KEPT_CLOSE_BYTES / 4;
+const KEPT_MAX_BLOCK: u64 = KEPT_MAX_BYTES / 8;
 /// Streamless allocations in a row that the kept blocks did not serve, after which the
 /// thread gives them back (Note [stale kept blocks]).
 const STALE_AFTER_MISSES: u32 = 16;
-/// Bytes after which a kept batch closes: half of what a thread may keep, so that a batch
-/// of large blocks closes (and can become ready) before the thread runs out of room and
-/// its frees go to the pool (measured in docs/BENCHMARKS.md: with a count alone, 14% of a
-/// loop's allocations missed).
-const KEPT_CLOSE_BYTES: u64 = KEPT_MAX_BYTES / 2;
 /// Most bytes a thread keeps in batches and ready bins: a small segment's worth, so that
 /// the blocks it holds back from merging never cost the pool a segment (measured in
-/// `docs/BENCHMARKS.md`: more let the replays' footprint grow).
-const KEPT_MAX_BYTES: u64 = 2 << 20;
+/// `docs/BENCHMARKS.md`: more let the replays' footprint grow: 4 MiB took the `streamless`
+/// trace from 95.81% to 94.70-95.07%). A batch closes at half of it, so that a batch of
+/// large blocks closes (and can become ready) before the thread runs out of room and its
+/// frees go to the pool (with a count alone, 14% of a loop's allocations missed).
+pub(super) const KEPT_MAX_BYTES: u64 = 2 << 20;
+/// Note [kept bytes under contention]: what a thread may keep while many threads' batches
+/// wait on the same shared fences ([`DevicePool::thread_fences_crowded`]). Their fences
+/// are then recorded one at a time for everyone (Note [fence recorder role]), so a batch
+/// waits longer to be covered, and a thread with 2 MiB kept ran dry meanwhile and took
+/// its blocks from the pool under its lock, with the other threads. 16 threads of 64 KiB
+/// streamless pairs on an H200: 33.9-37.4 M pairs/s with 2 MiB, 64.1-67.7 M with 4 MiB,
+/// 42.8-45.3 M with 8 MiB (docs/BENCHMARKS.md, seventeenth session). A program with fewer
+/// such threads keeps 2 MiB, so the replays (one thread) do not change; one with N keeps
+/// at most N × 2 MiB more.
+pub(super) const KEPT_MAX_BYTES_SHARED: u64 = 4 << 20;
 /// Batches a thread keeps at once (open or closed, any pools).
 pub(super) const KEPT_BATCHES: usize = 4;
 /// Size classes of the blocks a thread keeps (small blocks only).
@@ -130,7 +139,7 @@ impl ThreadCache {
             return false;
         }
         self.check_flush_request();
-        if self.bytes + size > self.limits.max_bytes || self.kept_bytes() + size > KEPT_MAX_BYTES {
+        if self.bytes + size > self.limits.max_bytes || self.kept_bytes() + size > self.kept_cap {
             return false;
         }
         let k = match self
@@ -171,7 +180,7 @@ impl ThreadCache {
         b.bytes += size;
         self.bytes += size;
         c.keep_unfenced(size as i64);
-        let full = b.len as usize >= self.limits.batch || b.bytes >= KEPT_CLOSE_BYTES;
+        let full = b.len as usize >= self.limits.batch || b.bytes >= self.kept_cap / 2;
         // Early, while no batch of this pool waits for its fence: so that the fence runs
         // while the thread still has ready blocks, rather than from its next miss on.
         if full || (self.closable(k) && !self.awaiting_fence(pool.index)) {
@@ -181,10 +190,10 @@ impl ThreadCache {
     }
 
     /// Whether the open batch `k` holds enough to close before it is full: a quarter of
-    /// `fence_batch` frees or of [`KEPT_MAX_BYTES`].
+    /// `fence_batch` frees or of what the thread may keep.
     fn closable(&self, k: usize) -> bool {
         let b = &self.kept[k];
-        b.len as usize >= self.limits.batch.div_ceil(4) || b.bytes >= KEPT_CLOSE_BYTES / 2
+        b.len as usize >= self.limits.batch.div_ceil(4) || b.bytes >= self.kept_cap / 4
     }
 
     /// Whether a closed batch of `pool` has not been made ready yet.
@@ -269,7 +278,7 @@ impl ThreadCache {
         let Some(oldest) = self.kept.iter().filter(|b| closed(b)).map(|b| b.need).min() else {
             return false;
         };
-        if !pool.thread_fence_covers(oldest) && !pool.advance_thread_fences(oldest) {
+        if !pool.thread_fence_covers(oldest) && !pool.advance_thread_fences(oldest, Urge::Try) {
             return false;
         }
         let mut moved = false;
@@ -314,7 +323,13 @@ impl ThreadCache {
         let need = pool.thread_fence_ticket();
         self.kept[k].closed = true;
         self.kept[k].need = need;
-        pool.advance_thread_fences(need);
+        pool.advance_thread_fences(need, Urge::Ask);
+        // Note [kept bytes under contention]: read once a batch, not on every free.
+        self.kept_cap = if pool.thread_fences_crowded() {
+            KEPT_MAX_BYTES_SHARED
+        } else {
+            KEPT_MAX_BYTES
+        };
     }
 
     /// Moves the blocks of the covered batch `k` to the ready bins (first giving the bins

@@ -44,9 +44,9 @@
 //! threads fell from 65-81 to 37-44 M/s. The role passes on when its holder has not come
 //! back for [`ROLE_IDLE_NS`] (it stopped allocating, or sleeps), and after
 //! [`ROLE_TENURE_NS`] even if it has, so that no one thread does every fence call of a busy
-//! process. H200, 16 threads of 64 KiB streamless pairs: 23.5-25.7 → 33.9-37.4 M pairs/s,
-//! fences 177 000-192 000 → 119 000-123 000 a process; 512 B level (docs/BENCHMARKS.md,
-//! seventeenth session).
+//! process. H200, 16 threads of 64 KiB streamless pairs, the role alone: 19.5-29.3 →
+//! 33.8-37.4 M pairs/s, fences 166 000-209 000 → 110 000-123 000 a process; 512 B level
+//! (docs/BENCHMARKS.md, seventeenth session).
 //!
 //! Why only with many threads: PyTorch under the preload frees from two threads (the
 //! program's and autograd's), whose fence calls rarely meet. With the role for any number

@@ -271,6 +271,20 @@ fn free_streamless_64k(rt: &cupool::runtime::Runtime, n: usize) {
     }
 }
 
+/// With fences held until now: lets the device finish, gives the kept blocks back and
+/// empties the cache; nothing stays reserved.
+fn give_everything_back(
+    rt: &cupool::runtime::Runtime,
+    host: &cupool::backend::host::HostBackend,
+    ctx: cupool::backend::ContextInfo,
+) {
+    host.complete_all(ctx.id);
+    host.set_manual_completion(ctx.id, false);
+    rt.flush_thread_cache();
+    rt.empty_context_cache(ctx).unwrap();
+    assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);
+}
+
 /// Note [kept bytes under contention]: alone, a thread keeps at most 2 MiB of streamless
 /// frees waiting for their fence; the rest goes to the pool's queue.
 #[test]
@@ -281,11 +295,7 @@ fn a_thread_alone_keeps_at_most_two_mib() {
         let kept = kept_bytes(rt, ctx);
         assert!(kept > 1 << 20 && kept <= 2 << 20, "kept {kept} bytes");
         assert!(!rt.context_pool(ctx).unwrap().thread_fences_crowded());
-        host.complete_all(ctx.id);
-        host.set_manual_completion(ctx.id, false);
-        rt.flush_thread_cache();
-        rt.empty_context_cache(ctx).unwrap();
-        assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);
+        give_everything_back(rt, host, ctx);
     });
 }
 
@@ -303,7 +313,7 @@ fn a_thread_keeps_more_while_many_share_the_fences() {
         for _ in 0..3 {
             std::thread::spawn(move || {
                 host.make_current(ctx);
-                // Enough to close a batch (the last of them holds the role).
+                // Enough to close a batch: one more thread closing batches.
                 free_streamless_64k(rt, 16);
             })
             .join()
@@ -314,11 +324,7 @@ fn a_thread_keeps_more_while_many_share_the_fences() {
         assert!(pool.thread_fences_crowded(), "four threads closed batches");
         let kept = kept_bytes(rt, ctx);
         assert!(kept > 3 << 20 && kept <= 4 << 20, "kept {kept} bytes");
-        host.complete_all(ctx.id);
-        host.set_manual_completion(ctx.id, false);
-        rt.flush_thread_cache();
-        rt.empty_context_cache(ctx).unwrap();
-        assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);
+        give_everything_back(rt, host, ctx);
         pool.check_invariants().unwrap();
     });
 }

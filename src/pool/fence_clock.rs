@@ -239,13 +239,16 @@ impl FenceClock {
         if self.covers(need) {
             return true;
         }
-        let me = role::token();
-        // Among many closing threads, the time now (the role goes by it); else None.
+        // Among many closing threads, the caller and the time now (the role goes by them);
+        // else None.
         let crowded = match urge {
-            Urge::Ask => self.note_closer(me),
+            Urge::Ask => {
+                let me = role::token();
+                self.note_closer(me).map(|now| (me, now))
+            }
             Urge::Try | Urge::Wait => None,
         };
-        if let Some(now) = crowded {
+        if let Some((me, now)) = crowded {
             if !self.may_record(me, now) {
                 self.ask(need);
                 return false;
@@ -262,7 +265,7 @@ impl FenceClock {
                 }
             }
         };
-        if let Some(now) = crowded {
+        if let Some((me, now)) = crowded {
             self.hold_role(&mut f, me, now);
         }
         self.retire(&mut f, device);

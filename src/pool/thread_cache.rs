@@ -195,7 +195,7 @@ pub struct ThreadCache {
     /// blocks]).
     kept_misses: u32,
     /// Most bytes this thread keeps now: [`kept::KEPT_MAX_BYTES`], or
-    /// [`kept::KEPT_MAX_BYTES_SHARED`] while other threads' batches wait on the same fences
+    /// [`kept::KEPT_MAX_BYTES_SHARED`] while many threads' batches wait on the same fences
     /// (Note [kept bytes under contention]).
     kept_cap: u64,
     ready: Ready,

@@ -55,9 +55,8 @@ pub(super) const KEPT_MAX_BYTES: u64 = 2 << 20;
 /// its blocks from the pool under its lock, with the other threads. 16 threads of 64 KiB
 /// streamless pairs on an H200 with the recorder role: 33.8-37.4 M pairs/s with 2 MiB,
 /// 54.2-67.7 M with 4 MiB, 42.8-45.3 M with 8 MiB (docs/BENCHMARKS.md, seventeenth
-/// session). A program with fewer
-/// such threads keeps 2 MiB, so the replays (one thread) do not change; one with N keeps
-/// at most N × 2 MiB more.
+/// session). A program with fewer such threads keeps 2 MiB, so the replays (one thread)
+/// do not change; one with N keeps at most N × 2 MiB more.
 pub(super) const KEPT_MAX_BYTES_SHARED: u64 = 4 << 20;
 /// Batches a thread keeps at once (open or closed, any pools).
 pub(super) const KEPT_BATCHES: usize = 4;

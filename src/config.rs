@@ -202,7 +202,7 @@ pub static OPTIONS: [OptionDesc; 22] = [
         key: "thread_cache_streamless",
         default: "true",
         kind: ValueKind::Bool,
-        doc: "Also keep blocks up to 256 KiB freed without a stream (every `cudaFree` under the preload) in the freeing thread (up to 2 MiB a thread, 4 MiB while four or more threads' batches wait on the same fences), in batches that share context fences with every other thread's batches (Note [shared thread fences]), and reuse them there without a lock once a fence recorded after the batch closed has completed. On an H100, 16 threads' streamless pairs went from 0.2× one thread's rate to 3.4-7.8×, and PyTorch steps under the preload got 5-10% faster; replay utilization moved by -0.7 to +1.9 points (docs/BENCHMARKS.md). `false` sends every streamless free to the pool's fence queue",
+        doc: "Also keep blocks up to 256 KiB freed without a stream (every `cudaFree` under the preload) in the freeing thread (up to 2 MiB a thread, 4 MiB while six or more threads' batches wait on the same fences), in batches that share context fences with every other thread's batches (Note [shared thread fences]), and reuse them there without a lock once a fence recorded after the batch closed has completed. On an H100, 16 threads' streamless pairs went from 0.2× one thread's rate to 3.4-7.8×, and PyTorch steps under the preload got 5-10% faster; replay utilization moved by -0.7 to +1.9 points (docs/BENCHMARKS.md). `false` sends every streamless free to the pool's fence queue",
         runtime: true,
     },
     OptionDesc {

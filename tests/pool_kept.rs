@@ -299,7 +299,7 @@ fn a_thread_alone_keeps_at_most_two_mib() {
     });
 }
 
-/// Note [kept bytes under contention]: once four threads close batches on the shared
+/// Note [kept bytes under contention]: once many threads close batches on the shared
 /// fences, one of them records for all (Note [fence recorder role]), and each keeps up to
 /// 4 MiB, so that it does not run dry while its batches wait for the holder's fence.
 #[test]
@@ -310,7 +310,7 @@ fn a_thread_keeps_more_while_many_share_the_fences() {
         // Times that outlast the other threads: what they did still counts.
         const LONG_NS: u64 = 60_000_000_000;
         pool.set_thread_fence_role_times(LONG_NS, LONG_NS, LONG_NS);
-        for _ in 0..3 {
+        for _ in 0..cupool::pool::fence_clock::MANY_CLOSERS - 1 {
             std::thread::spawn(move || {
                 host.make_current(ctx);
                 // Enough to close a batch: one more thread closing batches.
@@ -318,10 +318,10 @@ fn a_thread_keeps_more_while_many_share_the_fences() {
             })
             .join()
             .unwrap();
-            assert!(!pool.thread_fences_crowded(), "three threads are not many");
+            assert!(!pool.thread_fences_crowded(), "not many threads yet");
         }
         free_streamless_64k(rt, 96);
-        assert!(pool.thread_fences_crowded(), "four threads closed batches");
+        assert!(pool.thread_fences_crowded(), "many threads closed batches");
         let kept = kept_bytes(rt, ctx);
         assert!(kept > 3 << 20 && kept <= 4 << 20, "kept {kept} bytes");
         give_everything_back(rt, host, ctx);

@@ -51,8 +51,11 @@
 //! Why only with many threads: PyTorch under the preload frees from two threads (the
 //! program's and autograd's), whose fence calls rarely meet. With the role for any number
 //! of threads the GPT loop's steady step went from 0.99-1.11× native's to 1.05-1.27× in
-//! five rounds (noisy, but never better); with fewer than four threads closing batches in
-//! the last ms or two, every thread records for itself as before. Asking rather than
+//! five rounds (noisy, but never better); with fewer than [`MANY_CLOSERS`] threads closing
+//! batches in the last ms or two, every thread records for itself as before. Six, not
+//! four: with four threads the role cost 64 KiB pairs 12-15% (12.5-15.7 against 14.9-17.9
+//! M/s), with six it gained 30% (21.3-24.4 against 16.0-20.2), and from eight on it
+//! doubled them (docs/BENCHMARKS.md, seventeenth session). Asking rather than
 //! recording is always safe: a batch not yet covered waits, or goes back to the pool (Note
 //! [thread fences]). Under the model checker every caller holds the role (no time there);
 //! the clock's numbering, which the model checks, does not depend on who records.
@@ -105,7 +108,7 @@ struct Closers {
 
 /// How many threads must have closed batches in the current or the previous window for
 /// the recorder role to apply (Note [fence recorder role]).
-pub const MANY_CLOSERS: u32 = 4;
+pub const MANY_CLOSERS: u32 = 6;
 /// The length of a window of [`Closers`].
 pub const CLOSERS_WINDOW_NS: u64 = 1_000_000;
 
@@ -515,9 +518,9 @@ mod tests {
         assert!(!clock.many_closers());
     }
 
-    /// Note [fence recorder role]: with fewer than four threads closing batches, every
-    /// thread records for itself, as before the role (PyTorch's two threads under the
-    /// preload).
+    /// Note [fence recorder role]: with fewer than [`MANY_CLOSERS`] threads closing
+    /// batches, every thread records for itself, as before the role (PyTorch's two
+    /// threads under the preload).
     #[test]
     fn a_few_threads_record_for_themselves() {
         let clock = clock_with(HELD_NS, HELD_NS);

@@ -32,6 +32,8 @@ pub mod log;
 #[cfg(not(loom))]
 mod os_memory;
 #[cfg(not(loom))]
+mod os_time;
+#[cfg(not(loom))]
 pub mod pool;
 #[cfg(not(loom))]
 pub mod ptr_map;

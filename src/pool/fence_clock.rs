@@ -36,7 +36,7 @@
 //! others run cost what they cost alone (record 0.24-0.35 µs, query 0.25-0.51 µs), made in
 //! turns 0.56-0.77 and 0.71-0.79 µs. So while [`MANY_CLOSERS`] or more threads close
 //! batches, one thread at a time holds the recorder role. A batch that closes elsewhere
-//! only asks (`asks`, [`Urge::Ask`]) and returns without touching the lock; the holder's
+//! only asks (`asked`, [`Urge::Ask`]) and returns without touching the lock; the holder's
 //! next call records one fence that covers every ticket asked for. A thread that needs its
 //! kept blocks now ([`Urge::Try`]: its ready bins are empty) or must be answered
 //! ([`Urge::Wait`]) acts whatever the role: with the role gating those calls too, a holder
@@ -90,12 +90,6 @@ pub enum Urge {
     Wait,
 }
 
-/// What threads that did not record asked for (Note [fence recorder role]).
-struct Asks {
-    /// The newest ticket asked for.
-    newest: AtomicU64,
-}
-
 /// Threads whose batches closed lately, for [`FenceClock::many_closers`]: a bit per thread
 /// (its number modulo 64), in windows of [`CLOSERS_WINDOW_NS`].
 struct Closers {
@@ -143,8 +137,8 @@ pub struct FenceClock {
     /// The number of the newest fence known complete: read by every check, written once a
     /// poll retires fences.
     done: LineApart<AtomicU64>,
-    /// Tickets asked for by threads that did not record.
-    asks: LineApart<Asks>,
+    /// The newest ticket asked for by a thread that did not record.
+    asked: LineApart<AtomicU64>,
     closers: LineApart<Closers>,
     role: LineApart<Role>,
     in_flight: Lock<InFlight>,
@@ -193,9 +187,7 @@ impl FenceClock {
         FenceClock {
             started: LineApart(AtomicU64::new(0)),
             done: LineApart(AtomicU64::new(0)),
-            asks: LineApart(Asks {
-                newest: AtomicU64::new(0),
-            }),
+            asked: LineApart(AtomicU64::new(0)),
             closers: LineApart(Closers {
                 now: AtomicU64::new(0),
                 previous: AtomicU64::new(0),
@@ -272,7 +264,7 @@ impl FenceClock {
             self.hold_role(&mut f, me, now);
         }
         self.retire(&mut f, device);
-        let target = need.max(self.asks.newest.load(Acquire));
+        let target = need.max(self.asked.load(Acquire));
         if f.newest < target && f.len < MAX_IN_FLIGHT {
             // Numbered before it is recorded (Note [shared thread fences]).
             let seq = self.started.fetch_add(1, AcqRel) + 1;
@@ -297,7 +289,7 @@ impl FenceClock {
 
     /// Leaves ticket `need` for whoever records next.
     fn ask(&self, need: u64) {
-        self.asks.newest.fetch_max(need, AcqRel);
+        self.asked.fetch_max(need, AcqRel);
     }
 
     /// Counts the calling thread (`me`) among those whose batches closed lately; returns
@@ -409,13 +401,7 @@ mod role {
     /// Monotonic ns (the vDSO: no system call).
     #[inline]
     pub(super) fn now_ns() -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid out-pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        (ts.tv_sec as u64).wrapping_mul(1_000_000_000) + ts.tv_nsec as u64
+        crate::os_time::clock_ns(libc::CLOCK_MONOTONIC)
     }
 }
 

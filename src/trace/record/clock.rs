@@ -67,15 +67,7 @@ pub(super) fn ticks() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
-pub(super) fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; the vDSO answers without a syscall.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    (ts.tv_sec as u64).wrapping_mul(1_000_000_000) + ts.tv_nsec as u64
-}
+pub(super) use crate::os_time::clock_ns;
 
 /// Seconds east of UTC now (RMM writes local time of day).
 fn utc_offset_s() -> i64 {

@@ -230,6 +230,14 @@ impl FenceClock {
     /// fewer than [`MAX_IN_FLIGHT`] are outstanding, records one (and asks once whether it
     /// completed already). `urge` says when the caller gives up instead (Note [fence
     /// recorder role]). Returns whether `need` is covered now.
+    ///
+    /// Note [one retire a call]: a call that records retires after the record only, since
+    /// a retire before it would ask about the same oldest fence a moment earlier (while
+    /// the device is behind, twice the queries for nothing); before the record only when
+    /// [`MAX_IN_FLIGHT`] fences leave no room. The retire after the record asks about the
+    /// oldest fence, or the new one when it is the only one. On the traces at 1-5 ms of
+    /// lag this and Note [galloping fence search] halve the queries (docs/BENCHMARKS.md,
+    /// eighteenth session).
     pub fn advance(&self, need: u64, urge: Urge, device: &impl FenceRecorder) -> bool {
         if self.covers(need) {
             return true;
@@ -263,8 +271,12 @@ impl FenceClock {
         if let Some((me, now)) = crowded {
             self.hold_role(&mut f, me, now);
         }
-        self.retire(&mut f, device);
         let target = need.max(self.asked.load(Acquire));
+        // One round of queries a call (Note [one retire a call]): before the record only
+        // when it needs the room.
+        if f.newest >= target || f.len == MAX_IN_FLIGHT {
+            self.retire(&mut f, device);
+        }
         if f.newest < target && f.len < MAX_IN_FLIGHT {
             // Numbered before it is recorded (Note [shared thread fences]).
             let seq = self.started.fetch_add(1, AcqRel) + 1;
@@ -418,178 +430,4 @@ mod role {
 }
 
 #[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicU64 as StdU64;
-    use std::sync::Arc;
-
-    /// A device whose fences complete at once; counts the records.
-    #[derive(Default)]
-    struct Instant {
-        records: StdU64,
-    }
-
-    impl FenceRecorder for Instant {
-        fn record(&self) -> Option<Fence> {
-            Some(self.records.fetch_add(1, Relaxed) + 1)
-        }
-        fn completed(&self, _fence: Fence) -> bool {
-            true
-        }
-        fn recycle(&self, _fence: Fence) {}
-    }
-
-    fn on_other_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-        std::thread::spawn(f).join().unwrap()
-    }
-
-    /// Long enough that a thread started meanwhile finds the role held and the closers
-    /// of earlier threads counted.
-    const HELD_NS: u64 = 10_000_000_000;
-
-    /// A clock whose role lasts `idle_ns` without its holder and `tenure_ns` in all, and
-    /// whose closers are counted over [`HELD_NS`].
-    fn clock_with(idle_ns: u64, tenure_ns: u64) -> Arc<FenceClock> {
-        let clock = Arc::new(FenceClock::new());
-        clock.set_role_times(idle_ns, tenure_ns, HELD_NS);
-        clock
-    }
-
-    /// Threads kept alive until dropped, so that each has closed as a thread of its own.
-    struct Crowd(
-        Vec<std::sync::mpsc::Sender<()>>,
-        Vec<std::thread::JoinHandle<()>>,
-    );
-
-    impl Drop for Crowd {
-        fn drop(&mut self) {
-            self.0.clear();
-            for t in self.1.drain(..) {
-                t.join().unwrap();
-            }
-        }
-    }
-
-    /// `n` threads, one after the other, each close a batch (and record for it, fewer
-    /// than [`MANY_CLOSERS`] having closed so far), then wait, alive, until dropped.
-    fn crowd(clock: &Arc<FenceClock>, device: &Arc<Instant>, n: usize) -> Crowd {
-        let mut crowd = Crowd(Vec::new(), Vec::new());
-        for _ in 0..n {
-            let (c, d) = (clock.clone(), device.clone());
-            let (done_tx, done_rx) = std::sync::mpsc::channel();
-            let (stay_tx, stay_rx) = std::sync::mpsc::channel::<()>();
-            crowd.1.push(std::thread::spawn(move || {
-                done_tx.send(c.advance(c.ticket(), Urge::Ask, &*d)).unwrap();
-                let _ = stay_rx.recv();
-            }));
-            crowd.0.push(stay_tx);
-            assert!(
-                done_rx.recv().unwrap(),
-                "a crowd thread's batch not covered"
-            );
-        }
-        crowd
-    }
-
-    #[test]
-    fn one_thread_records_and_is_covered() {
-        let (clock, device) = (FenceClock::new(), Instant::default());
-        let need = clock.ticket();
-        assert!(!clock.covers(need));
-        assert!(clock.advance(need, Urge::Ask, &device));
-        assert_eq!(device.records.load(Relaxed), 1);
-        let next = clock.ticket();
-        assert!(clock.advance(next, Urge::Ask, &device));
-        assert_eq!(device.records.load(Relaxed), 2);
-        assert!(!clock.many_closers());
-    }
-
-    /// Note [fence recorder role]: with fewer than [`MANY_CLOSERS`] threads closing
-    /// batches, every thread records for itself, as before the role (PyTorch's two
-    /// threads under the preload).
-    #[test]
-    fn a_few_threads_record_for_themselves() {
-        let clock = clock_with(HELD_NS, HELD_NS);
-        let device = Arc::new(Instant::default());
-        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
-        let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 2);
-        assert_eq!(device.records.load(Relaxed), MANY_CLOSERS as u64 - 1);
-        assert!(!clock.many_closers());
-    }
-
-    /// Note [fence recorder role]: among many threads, one that does not hold the role
-    /// asks and returns without a driver call; the holder's next call records one fence
-    /// that covers both.
-    #[test]
-    fn among_many_threads_the_holder_records_for_the_others() {
-        let clock = clock_with(HELD_NS, HELD_NS);
-        let device = Arc::new(Instant::default());
-        let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
-        // The fourth to close: the first among many, it takes the role.
-        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
-        assert!(clock.many_closers());
-        let before = device.records.load(Relaxed);
-        let (theirs, recorded) = ask_on_other_thread(&clock, &device);
-        assert!(!recorded, "a thread without the role recorded");
-        assert_eq!(device.records.load(Relaxed), before, "no driver call");
-        assert!(!clock.covers(theirs));
-        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
-        assert_eq!(device.records.load(Relaxed), before + 1);
-        assert!(
-            clock.covers(theirs),
-            "the holder's fence covers the asker's batch"
-        );
-    }
-
-    /// A thread's batch closing, on a thread of its own: its ticket and whether it was
-    /// covered.
-    fn ask_on_other_thread(clock: &Arc<FenceClock>, device: &Arc<Instant>) -> (u64, bool) {
-        let (c, d) = (clock.clone(), device.clone());
-        on_other_thread(move || {
-            let need = c.ticket();
-            (need, c.advance(need, Urge::Ask, &*d))
-        })
-    }
-
-    #[test]
-    fn the_role_passes_on_when_its_holder_stays_away() {
-        const IDLE_NS: u64 = 50_000_000;
-        let clock = clock_with(IDLE_NS, HELD_NS);
-        let device = Arc::new(Instant::default());
-        let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
-        let taken = role::now_ns();
-        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
-        let (_, recorded) = ask_on_other_thread(&clock, &device);
-        if role::now_ns() - taken < IDLE_NS {
-            assert!(!recorded, "refused while the holder's time runs");
-        }
-        std::thread::sleep(std::time::Duration::from_nanos(IDLE_NS * 2));
-        let (_, recorded) = ask_on_other_thread(&clock, &device);
-        assert!(recorded, "the holder stayed away: another thread records");
-    }
-
-    #[test]
-    fn the_role_passes_on_after_its_tenure() {
-        let clock = clock_with(HELD_NS, 1);
-        let device = Arc::new(Instant::default());
-        let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
-        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
-        let (_, recorded) = ask_on_other_thread(&clock, &device);
-        assert!(recorded);
-        assert_eq!(device.records.load(Relaxed), MANY_CLOSERS as u64 + 1);
-    }
-
-    #[test]
-    fn callers_that_need_their_blocks_or_an_answer_ignore_the_role() {
-        let clock = clock_with(HELD_NS, HELD_NS);
-        let device = Arc::new(Instant::default());
-        let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
-        assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
-        let before = device.records.load(Relaxed);
-        for urge in [Urge::Try, Urge::Wait] {
-            let (c, d) = (clock.clone(), device.clone());
-            assert!(on_other_thread(move || c.advance(c.ticket(), urge, &*d)));
-        }
-        assert_eq!(device.records.load(Relaxed), before + 2);
-    }
-}
+mod tests;

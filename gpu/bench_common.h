@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -223,8 +224,11 @@ void throughput(int threads) {
         cudaStreamSynchronize(s);
         if (!null_stream) cudaStreamDestroy(s);
       });
-    while (ready.load() < threads) {
-    }
+    // Sleeps rather than spins: with 16 workers spinning on `go` on a 16-core host, a
+    // spinning main thread made 17 runnable threads, and the last worker started up to a
+    // scheduler slice late. On an H200 host the start skew went from 0.06-7.9 ms to
+    // 4-11 us (docs/BENCHMARKS.md, eighteenth session).
+    while (ready.load() < threads) std::this_thread::sleep_for(std::chrono::microseconds(20));
     go.store(true, std::memory_order_release);
     for (auto &t : pool) t.join();
     double secs = (*std::max_element(ends.begin(), ends.end()) -

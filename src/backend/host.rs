@@ -126,19 +126,47 @@ pub struct HostBackend {
     /// fence completes when recorded and is made without the state lock (Note [host
     /// fences]).
     special: AtomicUsize,
-    next_done_event: AtomicU64,
-    done_fences: AtomicU64,
+    /// Done fences made so far, in shards a thread each (by its fence number's thread
+    /// part), so that threads fencing at once share no counter's line.
+    done_fences: [crate::sync::LineApart<AtomicU64>; DONE_SHARDS],
     /// Simulated page-locked host memory (`pinned.rs`).
     pinned: spin::Mutex<pinned::HostPinned>,
 }
 
 /// Note [host fences]: with `host_auto_complete` and no context held in flight, lagging or
 /// capturing, every context fence is complete the moment it is recorded. Such a fence is a
-/// handle with [`DONE_EVENT`] set, counted in an atomic and kept nowhere, so the threads
-/// that fence their frees do not all queue on the state lock (a simulation artifact a GPU
-/// does not have: its events are per context); queries, waits and recycling answer it
-/// without the lock. Handles without the bit are the events of the state's table.
+/// handle with [`DONE_EVENT`] set, kept nowhere, so the threads that fence their frees do
+/// not all queue on the state lock (a simulation artifact a GPU does not have: its events
+/// are per context); queries, waits and recycling answer it without the lock. Its number
+/// is the thread's own ([`next_done_fence`]) and its count goes to the thread's shard: a
+/// shared id counter and count made two more lines that fencing threads passed back and
+/// forth, and on two cores streamless pairs from two threads went from 25.0-29.8 to
+/// 25.1-40.9 M/s without them (docs/BENCHMARKS.md, eighteenth session). Handles without
+/// the bit are the events of the state's table.
 const DONE_EVENT: u64 = 1 << 62;
+/// Shards of [`HostBackend`]'s done-fence count.
+const DONE_SHARDS: usize = 16;
+/// A done fence's number: the thread's number above this bit, its own count below.
+const DONE_THREAD_SHIFT: u32 = 36;
+
+/// A number no other done fence has: the calling thread's number (threads numbered as
+/// they first fence) and its own count, so that fencing threads share no line.
+fn next_done_fence() -> u64 {
+    static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+    thread_local!(static MINE: Cell<(u64, u64)> = const { Cell::new((0, 0)) });
+    MINE.try_with(|m| {
+        let (mut thread, count) = m.get();
+        if thread == 0 {
+            thread = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+        }
+        m.set((thread, count + 1));
+        (thread << DONE_THREAD_SHIFT) | (count + 1)
+    })
+    // A thread being torn down: a number of its own from the shared counter's top range.
+    .unwrap_or_else(|_| {
+        (((1 << 25) - 1) << DONE_THREAD_SHIFT) | NEXT_THREAD.fetch_add(1, Ordering::Relaxed)
+    })
+}
 
 impl Default for HostBackend {
     fn default() -> Self {
@@ -170,8 +198,7 @@ impl HostBackend {
     pub fn new() -> Self {
         HostBackend {
             special: AtomicUsize::new(0),
-            next_done_event: AtomicU64::new(1),
-            done_fences: AtomicU64::new(0),
+            done_fences: core::array::from_fn(|_| crate::sync::LineApart(AtomicU64::new(0))),
             pinned: spin::Mutex::new(pinned::HostPinned::new()),
             state: spin::Mutex::new(State {
                 allocations: Default::default(),
@@ -428,8 +455,9 @@ impl Backend for HostBackend {
         let auto = config::get_bool(Key::HostAutoComplete);
         if auto && self.special.load(Ordering::Acquire) == 0 {
             // Note [host fences].
-            self.done_fences.fetch_add(1, Ordering::Relaxed);
-            let id = self.next_done_event.fetch_add(1, Ordering::Relaxed);
+            let id = next_done_fence();
+            self.done_fences[(id >> DONE_THREAD_SHIFT) as usize % DONE_SHARDS]
+                .fetch_add(1, Ordering::Relaxed);
             return Ok(EventHandle(DONE_EVENT | id));
         }
         let mut s = self.state.lock();
@@ -550,3 +578,6 @@ impl Backend for HostBackend {
         self.pinned_free(ptr)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -140,6 +140,7 @@ pub fn all_pools() -> impl Iterator<Item = &'static DevicePool> {
 
 /// The pool of `ctx`, created on first use.
 /// `limit` gives the device's memory limit for a pool created now.
+#[inline]
 pub fn pool_for(
     ctx: ContextInfo,
     backend: &'static dyn Backend,
@@ -148,6 +149,18 @@ pub fn pool_for(
     if let Some(p) = all_pools().find(|p| p.ctx.id == ctx.id) {
         return Ok(p);
     }
+    create_pool(ctx, backend, limit)
+}
+
+/// The creation half of [`pool_for`], kept out of line: it builds a `DevicePool` on the
+/// stack (2 KiB), which made every call's frame that large when inlined.
+#[cold]
+#[inline(never)]
+fn create_pool(
+    ctx: ContextInfo,
+    backend: &'static dyn Backend,
+    limit: impl FnOnce() -> u64,
+) -> Result<&'static DevicePool> {
     let _g = POOL_CREATE.lock();
     if let Some(p) = all_pools().find(|p| p.ctx.id == ctx.id) {
         return Ok(p);

@@ -116,7 +116,12 @@ impl HostBackend {
         HostCounters {
             allocs: s.allocs,
             releases: s.releases,
-            fences_recorded: s.fences_recorded + self.done_fences.load(Ordering::Relaxed),
+            fences_recorded: s.fences_recorded
+                + self
+                    .done_fences
+                    .iter()
+                    .map(|c| c.load(Ordering::Relaxed))
+                    .sum::<u64>(),
             device_waits: s.device_waits,
             stream_waits: s.stream_waits,
             live_bytes: s.live_bytes.iter().sum(),

@@ -226,7 +226,7 @@ void throughput(int threads) {
       });
     // Sleeps rather than spins: with 16 workers spinning on `go` on a 16-core host, a
     // spinning main thread made 17 runnable threads, and the last worker started up to a
-    // scheduler slice late. On an H200 host the start skew went from 0.06-7.9 ms to
+    // scheduler slice late. On an H200 host the start skew went from up to 7.9 ms to
     // 4-11 us (docs/BENCHMARKS.md, eighteenth session).
     while (ready.load() < threads) std::this_thread::sleep_for(std::chrono::microseconds(20));
     go.store(true, std::memory_order_release);

@@ -140,9 +140,10 @@ pub struct HostBackend {
 /// are per context); queries, waits and recycling answer it without the lock. Its number
 /// is the thread's own ([`next_done_fence`]) and its count goes to the thread's shard: a
 /// shared id counter and count made two more lines that fencing threads passed back and
-/// forth, and on two cores streamless pairs from two threads went from 25.0-29.8 to
-/// 25.1-40.9 M/s without them (docs/BENCHMARKS.md, eighteenth session). Handles without
-/// the bit are the events of the state's table.
+/// forth: on two cores streamless pairs from two threads went from 25.0-29.8 to
+/// 25.1-40.9 M/s without them, on the 16 cores of an H200 host from 76-82 to 76-89 M/s
+/// (docs/BENCHMARKS.md, eighteenth session). Handles without the bit are the events of
+/// the state's table.
 const DONE_EVENT: u64 = 1 << 62;
 /// Shards of [`HostBackend`]'s done-fence count.
 const DONE_SHARDS: usize = 16;

@@ -4,18 +4,40 @@ use super::*;
 use std::sync::atomic::AtomicU64 as StdU64;
 use std::sync::Arc;
 
-/// A device whose fences complete at once; counts the records.
-#[derive(Default)]
-struct Instant {
+/// A simulated device: its fences complete up to `done_up_to` (all of them for
+/// [`Device::instant`], none until the test says so for [`Device::behind`]); counts the
+/// records and the queries.
+struct Device {
     records: StdU64,
+    queries: StdU64,
+    done_up_to: StdU64,
 }
 
-impl FenceRecorder for Instant {
+impl Device {
+    fn instant() -> Self {
+        Device::with_done(u64::MAX)
+    }
+
+    fn behind() -> Self {
+        Device::with_done(0)
+    }
+
+    fn with_done(done_up_to: u64) -> Self {
+        Device {
+            records: StdU64::new(0),
+            queries: StdU64::new(0),
+            done_up_to: StdU64::new(done_up_to),
+        }
+    }
+}
+
+impl FenceRecorder for Device {
     fn record(&self) -> Option<Fence> {
         Some(self.records.fetch_add(1, Relaxed) + 1)
     }
-    fn completed(&self, _fence: Fence) -> bool {
-        true
+    fn completed(&self, fence: Fence) -> bool {
+        self.queries.fetch_add(1, Relaxed);
+        fence <= self.done_up_to.load(Relaxed)
     }
     fn recycle(&self, _fence: Fence) {}
 }
@@ -53,7 +75,7 @@ impl Drop for Crowd {
 
 /// `n` threads, one after the other, each close a batch (and record for it, fewer
 /// than [`MANY_CLOSERS`] having closed so far), then wait, alive, until dropped.
-fn crowd(clock: &Arc<FenceClock>, device: &Arc<Instant>, n: usize) -> Crowd {
+fn crowd(clock: &Arc<FenceClock>, device: &Arc<Device>, n: usize) -> Crowd {
     let mut crowd = Crowd(Vec::new(), Vec::new());
     for _ in 0..n {
         let (c, d) = (clock.clone(), device.clone());
@@ -72,9 +94,18 @@ fn crowd(clock: &Arc<FenceClock>, device: &Arc<Instant>, n: usize) -> Crowd {
     crowd
 }
 
+/// A clock whose role lasts, with `MANY_CLOSERS - 1` other threads counted as closers
+/// (alive until the `Crowd` is dropped): the caller's next close is the first among many.
+fn crowded_clock() -> (Arc<FenceClock>, Arc<Device>, Crowd) {
+    let clock = clock_with(HELD_NS, HELD_NS);
+    let device = Arc::new(Device::instant());
+    let crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
+    (clock, device, crowd)
+}
+
 #[test]
 fn one_thread_records_and_is_covered() {
-    let (clock, device) = (FenceClock::new(), Instant::default());
+    let (clock, device) = (FenceClock::new(), Device::instant());
     let need = clock.ticket();
     assert!(!clock.covers(need));
     assert!(clock.advance(need, Urge::Ask, &device));
@@ -91,7 +122,7 @@ fn one_thread_records_and_is_covered() {
 #[test]
 fn a_few_threads_record_for_themselves() {
     let clock = clock_with(HELD_NS, HELD_NS);
-    let device = Arc::new(Instant::default());
+    let device = Arc::new(Device::instant());
     assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
     let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 2);
     assert_eq!(device.records.load(Relaxed), MANY_CLOSERS as u64 - 1);
@@ -103,9 +134,7 @@ fn a_few_threads_record_for_themselves() {
 /// that covers both.
 #[test]
 fn among_many_threads_the_holder_records_for_the_others() {
-    let clock = clock_with(HELD_NS, HELD_NS);
-    let device = Arc::new(Instant::default());
-    let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
+    let (clock, device, _crowd) = crowded_clock();
     // The fourth to close: the first among many, it takes the role.
     assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
     assert!(clock.many_closers());
@@ -124,7 +153,7 @@ fn among_many_threads_the_holder_records_for_the_others() {
 
 /// A thread's batch closing, on a thread of its own: its ticket and whether it was
 /// covered.
-fn ask_on_other_thread(clock: &Arc<FenceClock>, device: &Arc<Instant>) -> (u64, bool) {
+fn ask_on_other_thread(clock: &Arc<FenceClock>, device: &Arc<Device>) -> (u64, bool) {
     let (c, d) = (clock.clone(), device.clone());
     on_other_thread(move || {
         let need = c.ticket();
@@ -136,7 +165,7 @@ fn ask_on_other_thread(clock: &Arc<FenceClock>, device: &Arc<Instant>) -> (u64, 
 fn the_role_passes_on_when_its_holder_stays_away() {
     const IDLE_NS: u64 = 50_000_000;
     let clock = clock_with(IDLE_NS, HELD_NS);
-    let device = Arc::new(Instant::default());
+    let device = Arc::new(Device::instant());
     let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
     let taken = role::now_ns();
     assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
@@ -152,7 +181,7 @@ fn the_role_passes_on_when_its_holder_stays_away() {
 #[test]
 fn the_role_passes_on_after_its_tenure() {
     let clock = clock_with(HELD_NS, 1);
-    let device = Arc::new(Instant::default());
+    let device = Arc::new(Device::instant());
     let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
     assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
     let (_, recorded) = ask_on_other_thread(&clock, &device);
@@ -162,9 +191,7 @@ fn the_role_passes_on_after_its_tenure() {
 
 #[test]
 fn callers_that_need_their_blocks_or_an_answer_ignore_the_role() {
-    let clock = clock_with(HELD_NS, HELD_NS);
-    let device = Arc::new(Instant::default());
-    let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
+    let (clock, device, _crowd) = crowded_clock();
     assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
     let before = device.records.load(Relaxed);
     for urge in [Urge::Try, Urge::Wait] {
@@ -174,29 +201,10 @@ fn callers_that_need_their_blocks_or_an_answer_ignore_the_role() {
     assert_eq!(device.records.load(Relaxed), before + 2);
 }
 
-/// A device that is behind: no fence completes until the test says so; counts queries.
-#[derive(Default)]
-struct Behind {
-    records: StdU64,
-    queries: StdU64,
-    done_up_to: StdU64,
-}
-
-impl FenceRecorder for Behind {
-    fn record(&self) -> Option<Fence> {
-        Some(self.records.fetch_add(1, Relaxed) + 1)
-    }
-    fn completed(&self, fence: Fence) -> bool {
-        self.queries.fetch_add(1, Relaxed);
-        fence <= self.done_up_to.load(Relaxed)
-    }
-    fn recycle(&self, _fence: Fence) {}
-}
-
 #[test]
 fn a_call_that_records_asks_about_the_oldest_fence_once() {
     // Note [one retire a call].
-    let (clock, device) = (FenceClock::new(), Behind::default());
+    let (clock, device) = (FenceClock::new(), Device::behind());
     assert!(!clock.advance(clock.ticket(), Urge::Ask, &device));
     assert_eq!(device.records.load(Relaxed), 1);
     assert_eq!(device.queries.load(Relaxed), 1, "the new fence, asked once");

@@ -149,6 +149,7 @@ const DONE_EVENT: u64 = 1 << 62;
 const DONE_SHARDS: usize = 16;
 /// A done fence's number: the thread's number above this bit, its own count below.
 const DONE_THREAD_SHIFT: u32 = 36;
+const DONE_THREAD_MASK: u64 = (1 << (62 - DONE_THREAD_SHIFT - 1)) - 1;
 
 /// A number no other done fence has: the calling thread's number (threads numbered as
 /// they first fence) and its own count, so that fencing threads share no line.
@@ -161,11 +162,12 @@ fn next_done_fence() -> u64 {
             thread = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
         }
         m.set((thread, count + 1));
-        (thread << DONE_THREAD_SHIFT) | (count + 1)
+        // Masked below DONE_EVENT's bit (numbers repeat only after 2^25 threads).
+        ((thread & DONE_THREAD_MASK) << DONE_THREAD_SHIFT) | (count + 1)
     })
-    // A thread being torn down: a number of its own from the shared counter's top range.
+    // A thread being torn down: the last thread number, and a count from the shared counter.
     .unwrap_or_else(|_| {
-        (((1 << 25) - 1) << DONE_THREAD_SHIFT) | NEXT_THREAD.fetch_add(1, Ordering::Relaxed)
+        (DONE_THREAD_MASK << DONE_THREAD_SHIFT) | NEXT_THREAD.fetch_add(1, Ordering::Relaxed)
     })
 }
 

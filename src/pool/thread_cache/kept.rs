@@ -1,6 +1,6 @@
 //! Note [thread fences]: with `thread_cache_streamless`, small blocks freed without a
 //! stream are kept by the freeing thread, in batches per pool. A batch closes after
-//! `fence_batch` frees or half of what the thread may keep (after a quarter of
+//! `fence_batch` frees or 1 MiB, half of what a thread alone may keep (after a quarter of
 //! `fence_batch` or of that when no other batch waits for its fence, or on a miss) and takes a
 //! ticket of the pool's shared thread fences: the frees came before the ticket
 //! in this thread's program order, so any fence numbered at or above it covers the work
@@ -56,7 +56,11 @@ pub(super) const KEPT_MAX_BYTES: u64 = 2 << 20;
 /// streamless pairs on an H200 with the recorder role: 33.8-37.4 M pairs/s with 2 MiB,
 /// 54.2-67.7 M with 4 MiB, 42.8-45.3 M with 8 MiB (docs/BENCHMARKS.md, seventeenth
 /// session). A program with fewer such threads keeps 2 MiB, so the replays (one thread)
-/// do not change; one with N keeps at most N × 2 MiB more.
+/// do not change; one with N keeps at most N × 2 MiB more. The batches keep the size they
+/// have at 2 MiB (closed at 1 MiB, early at 512 KiB): the room goes to more batches in
+/// flight, not larger ones. Batches of half the 4 MiB (32 blocks of 64 KiB) left 1.8% of
+/// the 16 threads' allocations to the pool, which closing at 1 MiB halved: 41.2-43.9 →
+/// 47.0-53.8 M pairs/s at 64 KiB, 512 B level (docs/BENCHMARKS.md, eighteenth session).
 pub(super) const KEPT_MAX_BYTES_SHARED: u64 = 4 << 20;
 /// Batches a thread keeps at once (open or closed, any pools).
 pub(super) const KEPT_BATCHES: usize = 4;
@@ -180,7 +184,9 @@ impl ThreadCache {
         b.bytes += size;
         self.bytes += size;
         c.keep_unfenced(size as i64);
-        let full = b.len as usize >= self.limits.batch || b.bytes >= self.kept_cap / 2;
+        // Note [kept bytes under contention]: the batch size of the 2 MiB a thread keeps
+        // alone, whatever it may keep.
+        let full = b.len as usize >= self.limits.batch || b.bytes >= KEPT_MAX_BYTES / 2;
         // Early, while no batch of this pool waits for its fence: so that the fence runs
         // while the thread still has ready blocks, rather than from its next miss on.
         if full || (self.closable(k) && !self.awaiting_fence(pool.index)) {
@@ -190,10 +196,10 @@ impl ThreadCache {
     }
 
     /// Whether the open batch `k` holds enough to close before it is full: a quarter of
-    /// `fence_batch` frees or of what the thread may keep.
+    /// `fence_batch` frees or of what a thread alone may keep.
     fn closable(&self, k: usize) -> bool {
         let b = &self.kept[k];
-        b.len as usize >= self.limits.batch.div_ceil(4) || b.bytes >= self.kept_cap / 4
+        b.len as usize >= self.limits.batch.div_ceil(4) || b.bytes >= KEPT_MAX_BYTES / 4
     }
 
     /// Whether a closed batch of `pool` has not been made ready yet.

@@ -59,8 +59,10 @@ pub(super) const KEPT_MAX_BYTES: u64 = 2 << 20;
 /// do not change; one with N keeps at most N × 2 MiB more. The batches keep the size they
 /// have at 2 MiB (closed at 1 MiB, early at 512 KiB): the room goes to more batches in
 /// flight, not larger ones. Batches of half the 4 MiB (32 blocks of 64 KiB) left 1.8% of
-/// the 16 threads' allocations to the pool, which closing at 1 MiB halved: 41.2-43.9 →
-/// 47.0-53.8 M pairs/s at 64 KiB, 512 B level (docs/BENCHMARKS.md, eighteenth session).
+/// 16 threads' allocations to the pool under its lock; closing at 1 MiB left less than
+/// half as many, and 16 threads' 64 KiB pairs went from 41.2-43.9 to 47.0-53.8 M/s in one
+/// call and from 33.7-39.1 to 37.0-61.4 in another, 512 B level (docs/BENCHMARKS.md,
+/// eighteenth session).
 pub(super) const KEPT_MAX_BYTES_SHARED: u64 = 4 << 20;
 /// Batches a thread keeps at once (open or closed, any pools).
 pub(super) const KEPT_BATCHES: usize = 4;

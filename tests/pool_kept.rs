@@ -328,3 +328,42 @@ fn a_thread_keeps_more_while_many_share_the_fences() {
         pool.check_invariants().unwrap();
     });
 }
+
+/// Note [kept bytes under contention]: among many threads a thread may keep 4 MiB, but its
+/// batches keep the size they have when it is alone (closed early at 512 KiB, at 1 MiB at
+/// most), so that more of them are in flight: a loop of 64 KiB pairs closes a batch, and
+/// records a fence for it, every eight frees.
+#[test]
+fn among_many_threads_batches_keep_their_size() {
+    with_kept(|| {
+        let (rt, host, ctx) = setup_held();
+        let pool = rt.context_pool(ctx).unwrap();
+        const LONG_NS: u64 = 60_000_000_000;
+        pool.set_thread_fence_role_times(LONG_NS, LONG_NS, LONG_NS);
+        for _ in 0..cupool::pool::fence_clock::MANY_CLOSERS - 1 {
+            std::thread::spawn(move || {
+                host.make_current(ctx);
+                free_streamless_64k(rt, 16);
+            })
+            .join()
+            .unwrap();
+        }
+        free_streamless_64k(rt, 16);
+        assert!(pool.thread_fences_crowded(), "many threads closed batches");
+        // The device catches up and keeps up from now on.
+        host.complete_all(ctx.id);
+        host.set_manual_completion(ctx.id, false);
+        let pairs = 640;
+        let before = host.counters().fences_recorded;
+        alloc_free_pairs(rt, pairs, 64 << 10);
+        let fences = host.counters().fences_recorded - before;
+        assert!(pool.thread_fences_crowded());
+        let per_fence = pairs as f64 / fences as f64;
+        assert!(
+            (7.0..=9.0).contains(&per_fence),
+            "{per_fence} pairs per fence ({fences} fences)"
+        );
+        give_everything_back(rt, host, ctx);
+        pool.check_invariants().unwrap();
+    });
+}

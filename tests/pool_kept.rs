@@ -299,6 +299,30 @@ fn a_thread_alone_keeps_at_most_two_mib() {
     });
 }
 
+/// Has `MANY_CLOSERS - 1` other threads, one after the other, each close a batch on
+/// `ctx`'s pool (fences held), with role and closer times that outlast them, so that the
+/// calling thread's next batch close is the first among many.
+fn one_short_of_many_closers(
+    rt: &'static cupool::runtime::Runtime,
+    host: &'static cupool::backend::host::HostBackend,
+    ctx: cupool::backend::ContextInfo,
+) {
+    let pool = rt.context_pool(ctx).unwrap();
+    // Times that outlast the other threads: what they did still counts.
+    const LONG_NS: u64 = 60_000_000_000;
+    pool.set_thread_fence_role_times(LONG_NS, LONG_NS, LONG_NS);
+    for _ in 0..cupool::pool::fence_clock::MANY_CLOSERS - 1 {
+        std::thread::spawn(move || {
+            host.make_current(ctx);
+            // Enough to close a batch: one more thread closing batches.
+            free_streamless_64k(rt, 16);
+        })
+        .join()
+        .unwrap();
+        assert!(!pool.thread_fences_crowded(), "not many threads yet");
+    }
+}
+
 /// Note [kept bytes under contention]: once many threads close batches on the shared
 /// fences, one of them records for all (Note [fence recorder role]), and each keeps up to
 /// 4 MiB, so that it does not run dry while its batches wait for the holder's fence.
@@ -307,19 +331,7 @@ fn a_thread_keeps_more_while_many_share_the_fences() {
     with_kept(|| {
         let (rt, host, ctx) = setup_held();
         let pool = rt.context_pool(ctx).unwrap();
-        // Times that outlast the other threads: what they did still counts.
-        const LONG_NS: u64 = 60_000_000_000;
-        pool.set_thread_fence_role_times(LONG_NS, LONG_NS, LONG_NS);
-        for _ in 0..cupool::pool::fence_clock::MANY_CLOSERS - 1 {
-            std::thread::spawn(move || {
-                host.make_current(ctx);
-                // Enough to close a batch: one more thread closing batches.
-                free_streamless_64k(rt, 16);
-            })
-            .join()
-            .unwrap();
-            assert!(!pool.thread_fences_crowded(), "not many threads yet");
-        }
+        one_short_of_many_closers(rt, host, ctx);
         free_streamless_64k(rt, 96);
         assert!(pool.thread_fences_crowded(), "many threads closed batches");
         let kept = kept_bytes(rt, ctx);
@@ -338,16 +350,7 @@ fn among_many_threads_batches_keep_their_size() {
     with_kept(|| {
         let (rt, host, ctx) = setup_held();
         let pool = rt.context_pool(ctx).unwrap();
-        const LONG_NS: u64 = 60_000_000_000;
-        pool.set_thread_fence_role_times(LONG_NS, LONG_NS, LONG_NS);
-        for _ in 0..cupool::pool::fence_clock::MANY_CLOSERS - 1 {
-            std::thread::spawn(move || {
-                host.make_current(ctx);
-                free_streamless_64k(rt, 16);
-            })
-            .join()
-            .unwrap();
-        }
+        one_short_of_many_closers(rt, host, ctx);
         free_streamless_64k(rt, 16);
         assert!(pool.thread_fences_crowded(), "many threads closed batches");
         // The device catches up and keeps up from now on.

@@ -44,6 +44,8 @@ pub mod stats;
 pub mod status;
 pub mod sync;
 #[cfg(not(loom))]
+mod thread_number;
+#[cfg(not(loom))]
 pub mod trace;
 
 /// Under the model checker (`RUSTFLAGS="--cfg loom"`) only the pool's lock-free parts are

@@ -93,6 +93,13 @@ def run_rounds(tmp_path, *args):
     return done, out
 
 
+def usage_error(tmp_path, *args):
+    """rounds.py's stderr for arguments it must refuse as a usage error (exit 2)."""
+    done, _ = run_rounds(tmp_path, *args)
+    assert done.returncode == 2, done.stderr
+    return done.stderr
+
+
 def row(table, label):
     return next(line for line in table.splitlines() if line.split()[:1] == [label])
 
@@ -220,9 +227,8 @@ def test_kernel_time_takes_first_and_count():
 
 
 def test_cpus_not_available_are_a_usage_error(tmp_path):
-    done, _ = run_rounds(tmp_path, "--cpus", str(max(os.sched_getaffinity(0)) + 1))
-    assert done.returncode == 2
-    assert "not all of these CPUs" in done.stderr
+    stderr = usage_error(tmp_path, "--cpus", str(max(os.sched_getaffinity(0)) + 1))
+    assert "not all of these CPUs" in stderr
 
 
 def test_no_run_starts_after_the_deadline(tmp_path):
@@ -290,8 +296,8 @@ def test_canaries_read_the_hosts_speed_for_the_whole_call(tmp_path):
     assert readings, "a canary that ran for the whole call read the host at least once"
     times = [t for t, _ in readings]
     assert times == sorted(times) and all(ms > 0 for _, ms in readings)
-    done, _ = run_rounds(tmp_path, "--canary-cpus", str(max(os.sched_getaffinity(0)) + 1))
-    assert done.returncode == 2 and "not all of these CPUs" in done.stderr
+    stderr = usage_error(tmp_path, "--canary-cpus", str(max(os.sched_getaffinity(0)) + 1))
+    assert "not all of these CPUs" in stderr
 
 
 def test_the_speed_fit_finds_known_effects():
@@ -335,20 +341,15 @@ def test_workload_args_reach_every_run_of_their_workload(tmp_path):
 
 
 def test_workload_args_without_a_workload_are_a_usage_error(tmp_path):
-    done, _ = run_rounds(tmp_path, "--workload-args", "--layers 12")
-    assert done.returncode == 2
-    assert "--workload-args wants WORKLOAD=ARGS" in done.stderr
-    done, _ = run_rounds(tmp_path, "--workload-args", "other=--layers 3")
-    assert done.returncode == 2
-    assert "not among --workloads" in done.stderr
+    stderr = usage_error(tmp_path, "--workload-args", "--layers 12")
+    assert "--workload-args wants WORKLOAD=ARGS" in stderr
+    stderr = usage_error(tmp_path, "--workload-args", "other=--layers 3")
+    assert "not among --workloads" in stderr
 
 
 def test_env_for_a_label_not_run_is_a_usage_error(tmp_path):
-    done, _ = run_rounds(tmp_path, "--env", "nobody:X=1")
-    assert done.returncode == 2
-    assert "--env wants LABEL:KEY=VALUE" in done.stderr
-    done, _ = run_rounds(tmp_path, "--env", "same:NOVALUE")
-    assert done.returncode == 2
+    assert "--env wants LABEL:KEY=VALUE" in usage_error(tmp_path, "--env", "nobody:X=1")
+    usage_error(tmp_path, "--env", "same:NOVALUE")
 
 
 def test_vmm_cycles_reads_every_and_bytes():

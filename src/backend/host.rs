@@ -151,24 +151,24 @@ const DONE_SHARDS: usize = 16;
 const DONE_THREAD_SHIFT: u32 = 36;
 const DONE_THREAD_MASK: u64 = (1 << (62 - DONE_THREAD_SHIFT - 1)) - 1;
 
-/// A number no other done fence has: the calling thread's number (threads numbered as
-/// they first fence) and its own count, so that fencing threads share no line.
+/// A number no other done fence has: the calling thread's number
+/// ([`crate::thread_number::thread_number`]) and its own count, so that fencing threads
+/// share no line.
 fn next_done_fence() -> u64 {
-    static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
-    thread_local!(static MINE: Cell<(u64, u64)> = const { Cell::new((0, 0)) });
-    MINE.try_with(|m| {
-        let (mut thread, count) = m.get();
-        if thread == 0 {
-            thread = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-        }
-        m.set((thread, count + 1));
+    // Counts of threads whose thread-locals are being torn down, under the last number.
+    static SPARE: AtomicU64 = AtomicU64::new(1);
+    thread_local!(static COUNT: Cell<u64> = const { Cell::new(0) });
+    let thread = crate::thread_number::thread_number();
+    match COUNT.try_with(|c| {
+        c.set(c.get() + 1);
+        c.get()
+    }) {
         // Masked below DONE_EVENT's bit (numbers repeat only after 2^25 threads).
-        ((thread & DONE_THREAD_MASK) << DONE_THREAD_SHIFT) | (count + 1)
-    })
-    // A thread being torn down: the last thread number, and a count from the shared counter.
-    .unwrap_or_else(|_| {
-        (DONE_THREAD_MASK << DONE_THREAD_SHIFT) | NEXT_THREAD.fetch_add(1, Ordering::Relaxed)
-    })
+        Ok(count) if thread != u64::MAX => {
+            ((thread & DONE_THREAD_MASK) << DONE_THREAD_SHIFT) | count
+        }
+        _ => (DONE_THREAD_MASK << DONE_THREAD_SHIFT) | SPARE.fetch_add(1, Ordering::Relaxed),
+    }
 }
 
 impl Default for HostBackend {

@@ -391,23 +391,11 @@ impl FenceClock {
 /// The thread token and the time the recorder role goes by (Note [fence recorder role]).
 #[cfg(not(loom))]
 mod role {
-    use core::cell::Cell;
-    use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
-    /// The calling thread's number, never 0: threads are numbered in the order they first
-    /// ask, so threads alive together get distinct numbers (and, up to 64 of them,
-    /// distinct bits in [`super::Closers`]).
+    /// The calling thread's number (up to 64 threads alive together get distinct bits in
+    /// [`super::Closers`]).
     #[inline]
     pub(super) fn token() -> u64 {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        thread_local!(static ID: Cell<u64> = const { Cell::new(0) });
-        ID.try_with(|id| {
-            if id.get() == 0 {
-                id.set(NEXT.fetch_add(1, Relaxed));
-            }
-            id.get()
-        })
-        .unwrap_or(u64::MAX)
+        crate::thread_number::thread_number()
     }
 
     /// Monotonic ns (the vDSO: no system call).

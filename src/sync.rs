@@ -134,6 +134,13 @@ impl<T> Lock<T> {
     pub fn try_lock(&self) -> Option<LockGuard<'_, T>> {
         #[cfg(not(loom))]
         {
+            // Note [try a lock by reading first]: a failed `try_lock` is a compare-and-swap
+            // all the same, which takes the lock's line from the holder's cache; among 16
+            // threads trying the fence clock's lock on each miss, that slowed the holder
+            // (docs/BENCHMARKS.md, nineteenth session). A load leaves it shared.
+            if self.inner.is_locked() {
+                return None;
+            }
             self.inner.try_lock()
         }
         #[cfg(loom)]

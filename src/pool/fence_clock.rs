@@ -300,8 +300,19 @@ impl FenceClock {
     }
 
     /// Leaves ticket `need` for whoever records next.
+    ///
+    /// Note [asks read first]: among many threads most asks name the ticket another thread
+    /// asked for already (a ticket is the newest fence begun, the same for every batch
+    /// closed since). A `fetch_max` writes the line even then, so every ask took it from
+    /// the other threads' caches: 38% of the clock's samples at 16 threads on the host
+    /// backend (docs/BENCHMARKS.md, nineteenth session). A load that finds `need` asked for
+    /// leaves the line shared; the caller's ticket already ordered its frees before any
+    /// fence that covers it (Note [shared thread fences]), so nothing is lost by not
+    /// writing.
     fn ask(&self, need: u64) {
-        self.asked.fetch_max(need, AcqRel);
+        if self.asked.load(Acquire) < need {
+            self.asked.fetch_max(need, AcqRel);
+        }
     }
 
     /// Counts the calling thread (`me`) among those whose batches closed lately; returns
@@ -359,7 +370,15 @@ impl FenceClock {
         }
         let idle = self.role.idle_ns.load(Relaxed);
         let until = (now + idle).min(f.role_taken + self.role.tenure_ns.load(Relaxed));
-        self.role.until.store(until, Relaxed);
+        // Note [role renewed in steps]: every other closing thread reads `until`; written
+        // on each of the holder's calls (every few hundred ns), the line left their caches
+        // each time. Renewed once a quarter of the idle time has passed (or cut short at
+        // the tenure's end), the holder keeps the role while it comes back within 3/4 of
+        // [`ROLE_IDLE_NS`] at least.
+        let current = self.role.until.load(Relaxed);
+        if until < current || until - current >= idle / 4 {
+            self.role.until.store(until, Relaxed);
+        }
     }
 
     /// Retires completed fences, oldest first, up to the first that has not completed.

@@ -178,6 +178,28 @@ fn the_role_passes_on_when_its_holder_stays_away() {
     assert!(recorded, "the holder stayed away: another thread records");
 }
 
+/// Note [role renewed in steps]: the holder's calls renew the role once a quarter of its
+/// idle time has passed, so a holder that keeps coming back keeps it past the first
+/// deadline.
+#[test]
+fn a_holder_that_comes_back_keeps_the_role() {
+    const IDLE_NS: u64 = 200_000_000;
+    let clock = clock_with(IDLE_NS, HELD_NS);
+    let device = Arc::new(Device::instant());
+    let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
+    let taken = role::now_ns();
+    assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
+    std::thread::sleep(std::time::Duration::from_nanos(IDLE_NS / 2));
+    let renewed = role::now_ns();
+    assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
+    std::thread::sleep(std::time::Duration::from_nanos(IDLE_NS * 3 / 4));
+    let (_, recorded) = ask_on_other_thread(&clock, &device);
+    let now = role::now_ns();
+    if now - taken > IDLE_NS && now - renewed < IDLE_NS {
+        assert!(!recorded, "the holder came back: its role was renewed");
+    }
+}
+
 #[test]
 fn the_role_passes_on_after_its_tenure() {
     let clock = clock_with(HELD_NS, 1);

@@ -230,7 +230,7 @@ pub static OPTIONS: [OptionDesc; 22] = [
         key: "fence_spare_max",
         default: "256M",
         kind: ValueKind::Bytes,
-        doc: "Largest block of which the pool keeps a second copy when a loop frees and reallocates it without a stream, so that one context fence covers two reuses instead of one (taken after 256 reuses in a row that each needed a fence of their own; released like any idle cache). 0 turns it off.",
+        doc: "Largest block of which the pool keeps a second copy when a loop frees and reallocates it without a stream, so that one context fence covers two reuses instead of one (taken after 256 reuses in a row that each needed a fence of their own; released like any idle cache). Blocks of segments only (`vmm:off`, and blocks of 1 MiB and less): a block of the VMM arena keeps one copy, whose reuses each take a fence (a second copy there was measured and rejected for its memory, docs/BENCHMARKS.md). 0 turns it off.",
         runtime: true,
     },
     OptionDesc {

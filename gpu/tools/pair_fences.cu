@@ -34,14 +34,16 @@ int main(int argc, char **argv) {
     cudaStream_t s;
     int *buf;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const long long allocs_before = pool_counter("num_allocs");
     CK(cudaMalloc(&buf, 1024));
+    const bool pooled = pool_counter("num_allocs") > allocs_before;  // under the preload
     touch<<<1, 32, 0, s>>>(buf);
     CK(cudaStreamSynchronize(s));
     // Under the preload the buffer is a pool block: freed, so that it holds no place in the
     // small segment (a 1 MiB block would find one place there instead of two, and fence
     // every pair). Without it, `cudaFree` would synchronise the device, which ends the
     // state this mode is for: the driver's buffer is kept.
-    if (!api) CK(cudaFree(buf));
+    if (pooled) CK(cudaFree(buf));
   }
   std::vector<size_t> sizes = {512, 1u << 20, 64u << 20};
   const char *order = getenv("PAIR_ORDER");

@@ -161,14 +161,22 @@ fn ask_on_other_thread(clock: &Arc<FenceClock>, device: &Arc<Device>) -> (u64, b
     })
 }
 
+/// A clock whose role lasts `idle_ns` without its holder, among many closing threads
+/// (alive until the `Crowd` is dropped), and the calling thread holding the role since the
+/// time returned.
+fn role_taken(idle_ns: u64) -> (Arc<FenceClock>, Arc<Device>, Crowd, u64) {
+    let clock = clock_with(idle_ns, HELD_NS);
+    let device = Arc::new(Device::instant());
+    let crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
+    let taken = role::now_ns();
+    assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
+    (clock, device, crowd, taken)
+}
+
 #[test]
 fn the_role_passes_on_when_its_holder_stays_away() {
     const IDLE_NS: u64 = 50_000_000;
-    let clock = clock_with(IDLE_NS, HELD_NS);
-    let device = Arc::new(Device::instant());
-    let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
-    let taken = role::now_ns();
-    assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
+    let (clock, device, _crowd, taken) = role_taken(IDLE_NS);
     let (_, recorded) = ask_on_other_thread(&clock, &device);
     if role::now_ns() - taken < IDLE_NS {
         assert!(!recorded, "refused while the holder's time runs");
@@ -184,11 +192,7 @@ fn the_role_passes_on_when_its_holder_stays_away() {
 #[test]
 fn a_holder_that_comes_back_keeps_the_role() {
     const IDLE_NS: u64 = 200_000_000;
-    let clock = clock_with(IDLE_NS, HELD_NS);
-    let device = Arc::new(Device::instant());
-    let _crowd = crowd(&clock, &device, MANY_CLOSERS as usize - 1);
-    let taken = role::now_ns();
-    assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));
+    let (clock, device, _crowd, taken) = role_taken(IDLE_NS);
     std::thread::sleep(std::time::Duration::from_nanos(IDLE_NS / 2));
     let renewed = role::now_ns();
     assert!(clock.advance(clock.ticket(), Urge::Ask, &*device));

@@ -179,6 +179,8 @@ static void threads_only(const std::vector<int> &threads) {
     bench::throughput<A>(t);
     pool_counts_line(A::name(), t);
   }
+  const int most = threads.empty() ? 0 : *std::max_element(threads.begin(), threads.end());
+  if (most > 1) bench::per_cpu_rates<A>(most);
 }
 #endif
 

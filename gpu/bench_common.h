@@ -11,6 +11,7 @@
 // suite's report reads.
 #pragma once
 #include <cuda_runtime_api.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,6 +173,42 @@ void live_blocks(size_t n, cudaStream_t s) {
   fflush(stdout);
 }
 
+// The CPUs this process may run on, ascending.
+inline std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+// Pins the calling thread to `cpu` (no-op for -1).
+inline void pin_to(int cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof set, &set);
+}
+
+// The CPU that thread `t` of `threads` is pinned to for the per-core reference below: one
+// each, when the process may use that many CPUs; -1 when it may not.
+inline int reference_cpu(int t, int threads) {
+  static const std::vector<int> cpus = allowed_cpus();
+  return threads <= (int)cpus.size() ? cpus[t] : -1;
+}
+
+// The CPU that worker `t` of the throughput test is pinned to: none (-1, the scheduler's
+// choice, as the suite has always run it) unless BENCH_THREAD_PIN=1. On an H200 host the
+// two gave the same share of the per-core reference, within the runs' spread
+// (docs/BENCHMARKS.md, nineteenth session).
+inline int cpu_for_thread(int t, int threads) {
+  const char *pin = getenv("BENCH_THREAD_PIN");
+  return pin != nullptr && strcmp(pin, "1") == 0 ? reference_cpu(t, threads) : -1;
+}
+
 // Aggregate pairs per second of `threads` threads, each with its own stream, each doing the
 // same number of 64 KiB pairs; all start together. Median of 3 runs. Knobs, to tell where
 // the scaling goes: BENCH_THREAD_PAIRS=N pairs per thread instead of the allocator's
@@ -200,6 +237,7 @@ void throughput(int threads) {
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; t++)
       pool.emplace_back([&, t] {
+        pin_to(cpu_for_thread(t, threads));
         cudaStream_t s = nullptr;
         if (!null_stream && cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
           failures++;
@@ -262,11 +300,63 @@ void throughput(int threads) {
   fflush(stdout);
 }
 
+// One thread's rate on each of the CPUs that `threads` threads run on (pinned there, the
+// same loop as `throughput`, median of 3 runs each): what perfect scaling would give on
+// these cores. Why: on a host whose cores run the same loop at two speeds about 2x apart
+// (cores shared with other load), "one thread's rate" depends on where that thread ran,
+// and the 16-thread ratio swung between 6x and 19x with the same library
+// (docs/BENCHMARKS.md, eighteenth session). Prints the sum and the slowest and fastest
+// CPU's rate; the report compares the threads' own rates summed with the sum.
+template <class A>
+void per_cpu_rates(int threads) {
+  if (reference_cpu(0, threads) < 0) return;
+  Costs c = A::costs();
+  if (const char *n = getenv("BENCH_THREAD_PAIRS")) c.thread_pairs = atoi(n);
+  const size_t size = getenv("BENCH_THREAD_SIZE") ? strtoull(getenv("BENCH_THREAD_SIZE"), nullptr, 10)
+                                                  : 64u << 10;
+  double sum = 0, lo = 1e300, hi = 0;
+  for (int t = 0; t < threads; t++) {
+    std::vector<double> rates;
+    std::thread worker([&] {
+      pin_to(reference_cpu(t, threads));
+      cudaStream_t s = nullptr;
+      if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return;
+      for (int run = 0; run < 3; run++) {
+        for (int i = 0; i < 50; i++) {
+          void *p;
+          if (!A::alloc(&p, size, s)) return;
+          A::release(p, s);
+        }
+        double t0 = now_ns();
+        for (int i = 0; i < c.thread_pairs; i++) {
+          void *p;
+          if (!A::alloc(&p, size, s)) return;
+          A::release(p, s);
+        }
+        rates.push_back(c.thread_pairs / ((now_ns() - t0) / 1e9));
+      }
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    });
+    worker.join();
+    if (rates.size() != 3) die(A::name(), "per-CPU alloc", size);
+    std::sort(rates.begin(), rates.end());
+    sum += rates[1];
+    lo = std::min(lo, rates[1]);
+    hi = std::max(hi, rates[1]);
+  }
+  printf("BENCH threads_per_cpu %s %d pairs_per_s_sum=%.0f slowest_cpu=%.0f fastest_cpu=%.0f\n",
+         A::name(), threads, sum, lo, hi);
+  fflush(stdout);
+}
+
 // Everything, for one allocator (BENCH_THREADS_ONLY=1: only the throughput test).
 template <class A>
 void run_all(const std::vector<int> &thread_counts) {
+  const int most = thread_counts.empty() ? 0 : *std::max_element(thread_counts.begin(), thread_counts.end());
   if (getenv("BENCH_THREADS_ONLY")) {
     for (int t : thread_counts) throughput<A>(t);
+    if (most > 1) per_cpu_rates<A>(most);
     return;
   }
   cudaStream_t s;
@@ -283,6 +373,7 @@ void run_all(const std::vector<int> &thread_counts) {
   cudaStreamSynchronize(s);
   cudaStreamDestroy(s);
   for (int t : thread_counts) throughput<A>(t);
+  if (most > 1) per_cpu_rates<A>(most);
 }
 
 }  // namespace bench

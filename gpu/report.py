@@ -149,6 +149,18 @@ def targets(rows):
                 f"{sixteen / one:.1f}x ({one / 1e6:.2f} -> {sixteen / 1e6:.2f} Mpairs/s)")
         else:
             add(f"{a}: 16 threads >= 14x one thread", None, "")
+        # By core: on a host whose cores run at two speeds, "one thread" depends on where it
+        # ran. The threads' own rates summed against one thread's rate on each of their
+        # cores summed (bench_common.h's per_cpu_rates), times 16: 14x is 87.5% of that.
+        own, per_cpu = (lookup(rows, "threads", a, 16, "own_rates_sum"),
+                        lookup(rows, "threads_per_cpu", a, 16, "pairs_per_s_sum"))
+        name = f"{a}: 16 threads >= 14x one thread, by core (own rates / each core's one-thread rate, summed)"
+        if own and per_cpu:
+            add(name, 16 * own / per_cpu >= 14.0,
+                f"{16 * own / per_cpu:.1f}x ({own / 1e6:.2f} of {per_cpu / 1e6:.2f} Mpairs/s, "
+                f"{100 * own / per_cpu:.0f}%)")
+        else:
+            add(name, None, "")
         for other, factor in (("torch_caching", 15.0), ("cudaMallocAsync", 30.0)):
             ratios = []
             for s, n in zip(SIZES, SIZE_NAMES):

@@ -135,9 +135,10 @@ impl<T> Lock<T> {
         #[cfg(not(loom))]
         {
             // Note [try a lock by reading first]: a failed `try_lock` is a compare-and-swap
-            // all the same, which takes the lock's line from the holder's cache; among 16
-            // threads trying the fence clock's lock on each miss, that slowed the holder
-            // (docs/BENCHMARKS.md, nineteenth session). A load leaves it shared.
+            // all the same, which takes the lock's line from the holder's cache while 16
+            // threads try the fence clock's lock on their misses. A load leaves it shared.
+            // One of three changes that together gave 16 threads 4-9% more streamless pairs
+            // on the host backend (docs/BENCHMARKS.md, nineteenth session).
             if self.inner.is_locked() {
                 return None;
             }

@@ -299,14 +299,19 @@ fn a_thread_alone_keeps_at_most_two_mib() {
     });
 }
 
-/// Has `MANY_CLOSERS - 1` other threads, one after the other, each close a batch on
-/// `ctx`'s pool (fences held), with role and closer times that outlast them, so that the
-/// calling thread's next batch close is the first among many.
-fn one_short_of_many_closers(
-    rt: &'static cupool::runtime::Runtime,
-    host: &'static cupool::backend::host::HostBackend,
-    ctx: cupool::backend::ContextInfo,
+/// A pool (fences held) on which `MANY_CLOSERS - 1` other threads, one after the other,
+/// have each closed a batch, with role and closer times that outlast them; then the
+/// calling thread frees `own` 64 KiB blocks without a stream, closing the batch that makes
+/// the closers many.
+fn crowded_by_many_closers(
+    own: usize,
+) -> (
+    &'static cupool::runtime::Runtime,
+    &'static cupool::backend::host::HostBackend,
+    cupool::backend::ContextInfo,
+    &'static cupool::pool::DevicePool,
 ) {
+    let (rt, host, ctx) = setup_held();
     let pool = rt.context_pool(ctx).unwrap();
     // Times that outlast the other threads: what they did still counts.
     const LONG_NS: u64 = 60_000_000_000;
@@ -321,6 +326,9 @@ fn one_short_of_many_closers(
         .unwrap();
         assert!(!pool.thread_fences_crowded(), "not many threads yet");
     }
+    free_streamless_64k(rt, own);
+    assert!(pool.thread_fences_crowded(), "many threads closed batches");
+    (rt, host, ctx, pool)
 }
 
 /// Note [kept bytes under contention]: once many threads close batches on the shared
@@ -329,11 +337,7 @@ fn one_short_of_many_closers(
 #[test]
 fn a_thread_keeps_more_while_many_share_the_fences() {
     with_kept(|| {
-        let (rt, host, ctx) = setup_held();
-        let pool = rt.context_pool(ctx).unwrap();
-        one_short_of_many_closers(rt, host, ctx);
-        free_streamless_64k(rt, 96);
-        assert!(pool.thread_fences_crowded(), "many threads closed batches");
+        let (rt, host, ctx, pool) = crowded_by_many_closers(96);
         let kept = kept_bytes(rt, ctx);
         assert!(kept > 3 << 20 && kept <= 4 << 20, "kept {kept} bytes");
         give_everything_back(rt, host, ctx);
@@ -348,11 +352,7 @@ fn a_thread_keeps_more_while_many_share_the_fences() {
 #[test]
 fn among_many_threads_batches_keep_their_size() {
     with_kept(|| {
-        let (rt, host, ctx) = setup_held();
-        let pool = rt.context_pool(ctx).unwrap();
-        one_short_of_many_closers(rt, host, ctx);
-        free_streamless_64k(rt, 16);
-        assert!(pool.thread_fences_crowded(), "many threads closed batches");
+        let (rt, host, ctx, pool) = crowded_by_many_closers(16);
         // The device catches up and keeps up from now on.
         host.complete_all(ctx.id);
         host.set_manual_completion(ctx.id, false);

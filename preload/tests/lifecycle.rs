@@ -66,32 +66,22 @@ fn a_hundred_fork_children_use_cuda_themselves() {
 #[test]
 fn no_driver_call_after_exit_starts() {
     for scenario in ["exit-nofree", "exit-free-late"] {
-        let log = support::scratch().join(format!("{scenario}.log"));
-        let _ = std::fs::remove_file(&log);
         let exe = support::driver_program(Reach::Linked);
-        let out = run_ok(
+        let (out, logged) = support::run_ok_logging_calls(
             &exe,
             &[scenario],
             true,
+            &format!("{scenario}.log"),
             // A fence per free: any free that reached the pool's ordering would show.
-            &[
-                ("FAKE_CUDA_LOG", log.to_str().unwrap()),
-                ("CUPOOL_CONF", "fence_batch:1"),
-            ],
+            &[("CUPOOL_CONF", "fence_batch:1")],
         );
         if scenario == "exit-free-late" {
             let frees: Vec<_> = out.0.iter().filter(|(k, _)| k.ends_with("_free")).collect();
             assert_eq!(frees.len(), 4, "{frees:?}");
             assert!(frees.iter().all(|(_, v)| v == "0"), "{frees:?}");
         }
-        let logged = std::fs::read_to_string(&log).expect("the fake wrote its log");
         // The program's marker is the last cuDriverGetVersion (the backend also calls it).
-        let lines: Vec<&str> = logged.lines().collect();
-        let marker = lines
-            .iter()
-            .rposition(|l| l.starts_with("cuDriverGetVersion"))
-            .expect("marker call in the log");
-        let after = &lines[marker + 1..];
+        let after = support::calls_after_last(&logged, "cuDriverGetVersion");
         assert!(
             after.is_empty(),
             "{scenario}: driver calls during exit: {after:?}"

@@ -94,25 +94,18 @@ fn host_allocations_reach_the_pinned_pool_and_the_rest_stays_the_drivers() {
 #[test]
 fn pinned_frees_during_exit_make_no_driver_call() {
     for reach in ALL_REACHES {
-        let log = support::scratch().join(format!("pinned-exit-{reach:?}.log"));
-        let _ = std::fs::remove_file(&log);
         let exe = support::pinned_program(reach);
-        let out = run_ok(
+        let (out, logged) = support::run_ok_logging_calls(
             &exe,
             &["exit-free-late"],
             true,
-            &[("FAKE_CUDA_LOG", log.to_str().unwrap())],
+            &format!("pinned-exit-{reach:?}.log"),
+            &[],
         );
         let frees: Vec<_> = out.0.iter().filter(|(k, _)| k == "atexit_free").collect();
         assert_eq!(frees.len(), 2, "{reach:?}: {frees:?}");
         assert!(frees.iter().all(|(_, v)| v == "0"), "{reach:?}: {frees:?}");
-        let logged = std::fs::read_to_string(&log).expect("the fake wrote its log");
-        let lines: Vec<&str> = logged.lines().collect();
-        let marker = lines
-            .iter()
-            .rposition(|l| l.starts_with("cuDeviceGet"))
-            .expect("marker call in the log");
-        let after = &lines[marker + 1..];
+        let after = support::calls_after_last(&logged, "cuDeviceGet");
         assert!(
             after.is_empty(),
             "{reach:?}: driver calls during exit: {after:?}"

@@ -105,8 +105,7 @@ fn no_load_time_dependency_on_any_cuda_library() {
 
 #[test]
 fn processes_that_never_touch_cuda_run_untouched() {
-    let log = support::scratch().join("inert.log");
-    let _ = std::fs::remove_file(&log);
+    let log = support::fresh_log("inert.log");
     let log_env = [("FAKE_CUDA_LOG", log.to_str().unwrap())];
     for (program, args) in [("/bin/true", vec![]), ("sh", vec!["-c", "echo hi; exit 0"])] {
         let plain = run(program.as_ref(), &args, false, &log_env);

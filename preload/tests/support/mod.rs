@@ -304,25 +304,53 @@ pub fn run_ok(program: &Path, args: &[&str], preload: bool, env: &[(&str, &str)]
     Results::parse(&String::from_utf8_lossy(&out.stdout))
 }
 
-/// [`run_ok`] with the fake driver logging its calls to a fresh file `name` of the scratch
-/// directory: the program's results, and how many calls of each name the log holds.
+/// A fresh path `name` in the scratch directory, for the fake driver's call log
+/// (`FAKE_CUDA_LOG`): whatever an earlier run left there is gone.
+pub fn fresh_log(name: &str) -> PathBuf {
+    let log = scratch().join(name);
+    let _ = std::fs::remove_file(&log);
+    log
+}
+
+/// [`run_ok`] with `env` and the fake driver logging its calls to a fresh file `name` of
+/// the scratch directory: the program's results and the log.
+pub fn run_ok_logging_calls(
+    program: &Path,
+    args: &[&str],
+    preload: bool,
+    name: &str,
+    env: &[(&str, &str)],
+) -> (Results, String) {
+    let log = fresh_log(name);
+    let mut with_log = vec![("FAKE_CUDA_LOG", log.to_str().unwrap())];
+    with_log.extend_from_slice(env);
+    let out = run_ok(program, args, preload, &with_log);
+    let logged = std::fs::read_to_string(&log).expect("the fake wrote its log");
+    (out, logged)
+}
+
+/// [`run_ok_logging_calls`] without more environment: the program's results, and how many
+/// calls of each name the log holds.
 pub fn run_ok_counting_calls(
     program: &Path,
     args: &[&str],
     preload: bool,
     name: &str,
 ) -> (Results, impl Fn(&str) -> usize) {
-    let log = scratch().join(name);
-    let _ = std::fs::remove_file(&log);
-    let out = run_ok(
-        program,
-        args,
-        preload,
-        &[("FAKE_CUDA_LOG", log.to_str().unwrap())],
-    );
-    let logged = std::fs::read_to_string(&log).expect("the fake wrote its log");
+    let (out, logged) = run_ok_logging_calls(program, args, preload, name, &[]);
     let count = move |call: &str| logged.lines().filter(|l| l.starts_with(call)).count();
     (out, count)
+}
+
+/// The calls a fake driver's log holds after the last one starting with `marker` (a call
+/// the program makes on purpose, last before what the test watches).
+pub fn calls_after_last<'a>(logged: &'a str, marker: &str) -> Vec<&'a str> {
+    let lines: Vec<&str> = logged.lines().collect();
+    let at = lines
+        .iter()
+        .rposition(|l| l.starts_with(marker))
+        .expect("marker call in the log");
+    lines[at + 1..].to_vec()
 }
 
 /// `key=value` lines of a program's output, in order.

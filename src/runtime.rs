@@ -257,17 +257,20 @@ impl Runtime {
 
     fn alloc_streamless(pool: &'static DevicePool, rounded: u64, size: usize) -> Result<DevicePtr> {
         with_thread(|ts, mut cache| {
+            let mut keeps = false;
             if let Some(cache) = cache.as_deref_mut() {
                 let c = ts.counters(pool.index);
                 if let Some(ptr) = pool.alloc_kept(cache, c, rounded, size as u64) {
                     return Ok(ptr);
                 }
+                keeps = cache.keeps_streamless(rounded);
             }
             pool.alloc_slow(
                 ts.counters(pool.index),
                 rounded,
                 size as u64,
                 None,
+                keeps,
                 &mut || flush_own_cache(cache.as_deref_mut(), pool.index),
             )
         })
@@ -346,7 +349,7 @@ impl Runtime {
                 seen.block = block;
                 return Ok(ptr);
             }
-            pool.alloc_slow(c, rounded, size as u64, Some(s), &mut || {
+            pool.alloc_slow(c, rounded, size as u64, Some(s), false, &mut || {
                 flush_own_cache(cache.as_deref_mut(), pool.index)
             })
         })

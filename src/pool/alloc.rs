@@ -13,13 +13,16 @@ impl DevicePool {
     /// Allocates a block that missed the thread cache. `flush_own_cache` gives the calling
     /// thread's cached blocks of this pool back; it is called before the pool grows and
     /// before the out-of-memory retry, so blocks the thread holds are not left out, and
-    /// returns whether some of them went to the fence queue.
+    /// returns whether some of them went to the fence queue. `keeps_streamless`: the
+    /// calling thread keeps blocks of this size that it frees without a stream (Note
+    /// [thread fences]).
     pub fn alloc_slow(
         &self,
         c: &ThreadCounters,
         size: u64,
         requested: u64,
         stream: Option<StreamRef>,
+        keeps_streamless: bool,
         flush_own_cache: &mut dyn FnMut() -> bool,
     ) -> Result<u64> {
         // Note [parked arena blocks]: every fit below sees the parked blocks, merged with
@@ -74,6 +77,12 @@ impl DevicePool {
             };
             self.note_fence_pass(req, moved, fitted.is_some());
             if let Some(ptr) = fitted {
+                return Ok(ptr);
+            }
+        }
+        if keeps_streamless && self.room_beside_stranded(c, req) {
+            if let Ok(ptr) = self.grow(c, req) {
+                self.shared.lock().slow.misses += 1;
                 return Ok(ptr);
             }
         }
@@ -162,6 +171,36 @@ impl DevicePool {
             return false;
         }
         self.shared.lock().fence_queue.bytes >= size
+    }
+
+    /// Whether a small streamless request should get a new segment rather than this
+    /// thread's own kept blocks back through a fence: Note [room beside stranded blocks].
+    ///
+    /// Note [room beside stranded blocks]: a thread keeps up to 2 MiB of its streamless
+    /// frees (Note [thread fences]) and only it can take them back. A thread that stops
+    /// allocating (it waits on a join, sleeps, or does other work) leaves what it kept where
+    /// no other thread can reach it. When the pool was full otherwise, the next thread's
+    /// streamless loop found no room, gave its one or two kept blocks back to the pool
+    /// before growing, and got them back through a context fence: one fence a pair, where
+    /// it needs one for every batch. A main thread that ran 20 000 streamless pairs with 10
+    /// blocks live, then a new thread's 64 KiB pairs, on the host backend: 300 ns and 1.0
+    /// fence a pair, against 45 ns and 0.125 without the main thread's loop. So when the
+    /// calling thread holds less than a closable batch and other threads hold at least
+    /// that much, the pool grows a small segment instead: the room those threads keep,
+    /// given to this one, which the per-thread bound on kept bytes allows already. A
+    /// thread alone never meets the condition, so one thread's footprint (every replay,
+    /// also `--per-thread`) is unchanged. H200, 64 KiB pairs after the main thread's loop:
+    /// one thread 0.94-1.03 → 3.2-4.3 M pairs/s (0.125 fences a pair), 16 threads 39-41 →
+    /// 60 M; 16 threads on a pool only their own warm-up made, 33-46 → 46-58 M, for 3-5
+    /// more small segments; the GPT and conv loops under the preload at the same device
+    /// peak (docs/BENCHMARKS.md, twentieth session).
+    fn room_beside_stranded(&self, c: &ThreadCounters, req: Request) -> bool {
+        if req.stream.is_some() || req.kind != SegmentKind::Small {
+            return false;
+        }
+        let closable = thread_cache::KEPT_CLOSABLE_BYTES as i64;
+        let own = c.kept_held();
+        own < closable && thread_cache::kept_held_sum(self.index) - own >= closable
     }
 
     /// Takes a fitting free block the caller may use, from its stream's own frees first,

@@ -40,6 +40,10 @@ pub struct ThreadCounters {
     /// signed delta like the levels (a thread's exit handler lowers it on the orphan
     /// record).
     kept_unfenced: AtomicU64,
+    /// Bytes this thread holds in its kept batches and ready bins, fenced or not (Note
+    /// [thread fences]): memory no other thread can take (Note [room beside stranded
+    /// blocks] in `pool/alloc.rs`). A signed delta like the levels.
+    kept_held: AtomicU64,
     /// True for a record that several threads may use at once (the fallback record for
     /// threads whose thread-local storage is gone): then updates use locked RMWs.
     shared: bool,
@@ -58,6 +62,7 @@ impl ThreadCounters {
             peak_epoch: AtomicU64::new(0),
             counts: core::array::from_fn(|_| AtomicU64::new(0)),
             kept_unfenced: AtomicU64::new(0),
+            kept_held: AtomicU64::new(0),
             shared,
         }
     }
@@ -115,6 +120,18 @@ impl ThreadCounters {
     /// This record's share of the kept bytes no fence covers yet (a signed delta).
     pub fn kept_unfenced(&self) -> i64 {
         self.kept_unfenced.load(Relaxed) as i64
+    }
+
+    /// Moves the bytes this thread holds in kept batches and ready bins up or down.
+    #[inline]
+    pub fn hold_kept(&self, bytes: i64) {
+        self.add(&self.kept_held, bytes as u64);
+    }
+
+    /// This record's share of the bytes threads hold in kept batches and ready bins (a
+    /// signed delta).
+    pub fn kept_held(&self) -> i64 {
+        self.kept_held.load(Relaxed) as i64
     }
 
     pub fn get_count(&self, c: Count) -> u64 {

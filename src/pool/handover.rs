@@ -105,6 +105,7 @@ impl DevicePool {
         d.stream = super::STREAMLESS;
         d.handle = 0;
         let ptr = d.ptr;
+        c.hold_kept(-(d.size as i64));
         self.note_allocated(c, d.size, requested);
         b.publish_allocated(ptr);
         Some(ptr)

@@ -24,7 +24,7 @@ use super::size_class::{class_of, ALIGNMENT};
 mod kept;
 
 use super::{pool_by_index, StreamRef, BLOCKS, MAX_POOLS};
-pub use kept::KEPT_BATCH;
+pub use kept::{kept_held_sum, KEPT_BATCH, KEPT_CLOSABLE_BYTES};
 use kept::{Kept, Ready, KEPT_BATCHES};
 
 /// Bumped to ask every thread to flush its cache at its next call.
@@ -505,8 +505,16 @@ fn attach() -> Option<&'static ThreadState> {
             }
         }
     };
-    for c in ts.counters.iter() {
+    for (pool, c) in ts.counters.iter().enumerate() {
         c.adopt();
+        // What the record's last thread kept went back to the pool at its exit, counted on
+        // the orphan record when its own was gone: the new thread holds none of it (Note
+        // [room beside stranded blocks] in `alloc.rs` reads a thread's own share).
+        let held = c.kept_held();
+        if held != 0 {
+            orphan().counters(pool as u16).hold_kept(held);
+            c.hold_kept(-held);
+        }
     }
     CURRENT.try_with(|c| c.set(ts)).ok()?;
     Some(ts)

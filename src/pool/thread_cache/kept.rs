@@ -64,6 +64,9 @@ pub(super) const KEPT_MAX_BYTES: u64 = 2 << 20;
 /// call and from 33.7-39.1 to 37.0-61.4 in another, 512 B level (docs/BENCHMARKS.md,
 /// eighteenth session).
 pub(super) const KEPT_MAX_BYTES_SHARED: u64 = 4 << 20;
+/// What an open batch holds when it may close before it is full (with a quarter of
+/// `fence_batch` frees, whichever comes first): a quarter of what a thread alone keeps.
+pub const KEPT_CLOSABLE_BYTES: u64 = KEPT_MAX_BYTES / 4;
 /// Batches a thread keeps at once (open or closed, any pools).
 pub(super) const KEPT_BATCHES: usize = 4;
 /// Size classes of the blocks a thread keeps (small blocks only).
@@ -186,6 +189,7 @@ impl ThreadCache {
         b.bytes += size;
         self.bytes += size;
         c.keep_unfenced(size as i64);
+        c.hold_kept(size as i64);
         // Note [kept bytes under contention]: the batch size of the 2 MiB a thread keeps
         // alone, whatever it may keep.
         let full = b.len as usize >= self.limits.batch || b.bytes >= KEPT_MAX_BYTES / 2;
@@ -197,11 +201,21 @@ impl ThreadCache {
         true
     }
 
+    /// Whether this thread keeps a block of `size` bytes when it is freed without a stream.
+    pub fn keeps_streamless(&mut self, size: u64) -> bool {
+        if self.limits.generation != crate::config::generation() {
+            self.limits = Limits::read();
+        }
+        self.limits.enabled
+            && self.limits.streamless
+            && size <= KEPT_MAX_BLOCK.min(self.limits.max_block)
+    }
+
     /// Whether the open batch `k` holds enough to close before it is full: a quarter of
     /// `fence_batch` frees or of what a thread alone may keep.
     fn closable(&self, k: usize) -> bool {
         let b = &self.kept[k];
-        b.len as usize >= self.limits.batch.div_ceil(4) || b.bytes >= KEPT_MAX_BYTES / 4
+        b.len as usize >= self.limits.batch.div_ceil(4) || b.bytes >= KEPT_CLOSABLE_BYTES
     }
 
     /// Whether a closed batch of `pool` has not been made ready yet.
@@ -349,7 +363,8 @@ impl ThreadCache {
         self.ready.pool = pool.index;
         let b = self.kept[k];
         self.kept[k] = Kept::EMPTY;
-        thread_counters(pool.index).keep_unfenced(-(b.bytes as i64));
+        let counters = thread_counters(pool.index);
+        counters.keep_unfenced(-(b.bytes as i64));
         let mut overflow = [NIL; KEPT_BATCH];
         let mut n = 0;
         for &idx in &b.items[..b.len as usize] {
@@ -362,6 +377,7 @@ impl ThreadCache {
                 overflow[n] = idx;
                 n += 1;
                 self.bytes -= size;
+                counters.hold_kept(-(size as i64));
                 continue;
             }
             r.items[class][len] = idx;
@@ -387,6 +403,9 @@ impl ThreadCache {
             }
             r.len[class] = 0;
         }
+        if r.bytes > 0 {
+            thread_counters(r.pool).hold_kept(-(r.bytes as i64));
+        }
         self.bytes -= r.bytes;
         r.bytes = 0;
     }
@@ -400,7 +419,9 @@ impl ThreadCache {
         }
         self.kept[k] = Kept::EMPTY;
         self.bytes -= b.bytes;
-        thread_counters(b.pool).keep_unfenced(-(b.bytes as i64));
+        let counters = thread_counters(b.pool);
+        counters.keep_unfenced(-(b.bytes as i64));
+        counters.hold_kept(-(b.bytes as i64));
         let Some(p) = pool_by_index(b.pool) else {
             return false;
         };
@@ -409,4 +430,15 @@ impl ThreadCache {
         unsafe { p.take_kept(&b.items[..b.len as usize], covered) };
         !covered && b.len > 0
     }
+}
+
+/// The bytes every thread holds in kept batches and ready bins for `pool` (Note [room
+/// beside stranded blocks] in `pool/alloc.rs`).
+pub fn kept_held_sum(pool: u16) -> i64 {
+    super::REGISTRY
+        .lock()
+        .all
+        .iter()
+        .map(|t| t.counters(pool).kept_held())
+        .sum()
 }

@@ -175,6 +175,23 @@ static void pool_counts_line(const char *who, int threads) {
 
 template <class A>
 static void threads_only(const std::vector<int> &threads) {
+  // BENCH_THREAD_WARM_LIVE="N ...": first run the suite's live-blocks test with N blocks
+  // live (as the full run does before its thread test), so the thread test starts on a pool
+  // that test grew and filled, as in the suite, rather than on one only the test's own
+  // warm-up loops made. Diagnostic: the two states gave the streamless path different
+  // shares of its cores (docs/BENCHMARKS.md, nineteenth and twentieth sessions).
+  if (const char *list = getenv("BENCH_THREAD_WARM_LIVE")) {
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return;
+    for (char *end; *list; list = end) {
+      long n = strtol(list, &end, 10);
+      if (end == list) break;
+      if (n > 0) bench::live_blocks<A>((size_t)n, s);
+    }
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    pool_counts_line(A::name(), 0);
+  }
   for (int t : threads) {
     bench::throughput<A>(t);
     pool_counts_line(A::name(), t);

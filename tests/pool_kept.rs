@@ -9,6 +9,7 @@
 
 mod host_pool;
 
+use cupool::pool::thread_cache::kept_held_sum;
 use host_pool::{alloc_free_pairs, setup, setup_held};
 use std::sync::Mutex;
 
@@ -391,6 +392,8 @@ fn a_thread_that_stopped_leaves_the_next_room_to_keep() {
             31 << 16,
             "this thread keeps them"
         );
+        let pool = rt.context_pool(ctx).unwrap().index;
+        assert_eq!(kept_held_sum(pool), 31 << 16, "what threads hold, counted");
         let pairs = 4000;
         let fences = host.counters().fences_recorded;
         std::thread::scope(|s| {
@@ -410,6 +413,11 @@ fn a_thread_that_stopped_leaves_the_next_room_to_keep() {
             "one more small segment"
         );
         rt.flush_thread_cache();
+        assert_eq!(
+            kept_held_sum(pool),
+            0,
+            "both threads gave back what they kept"
+        );
         rt.context_pool(ctx).unwrap().check_invariants().unwrap();
         rt.empty_context_cache(ctx).unwrap();
         assert_eq!(rt.context_stats(ctx).unwrap().reserved_bytes.current, 0);

@@ -193,9 +193,14 @@ impl DevicePool {
     /// one thread 0.94-1.03 → 3.2-4.3 M pairs/s (0.125 fences a pair), 16 threads 39-41 →
     /// 60 M; 16 threads on a pool only their own warm-up made, 33-46 → 46-58 M, for 3-5
     /// more small segments; the GPT and conv loops under the preload at the same device
-    /// peak (docs/BENCHMARKS.md, twentieth session).
+    /// peak (docs/BENCHMARKS.md, twentieth session). Not while `release_above_percent` is
+    /// set (Note [release bound]): that pool gives idle memory back before it grows, which
+    /// this path would skip.
     fn room_beside_stranded(&self, c: &ThreadCounters, req: Request) -> bool {
         if req.stream.is_some() || req.kind != SegmentKind::Small {
+            return false;
+        }
+        if self.release_bound().is_some() {
             return false;
         }
         let closable = thread_cache::KEPT_CLOSABLE_BYTES as i64;

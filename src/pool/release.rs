@@ -148,22 +148,34 @@ impl DevicePool {
         size: u64,
         flush_own_cache: &mut dyn FnMut() -> bool,
     ) -> u64 {
-        let percent = config::get(Key::ReleaseAbovePercent).min(100);
-        if percent == 0 || !self.may_order() {
+        if !self.may_order() {
             return 0;
         }
-        let capacity = match self.limit() {
-            0 => self.device_total(),
-            l => l,
+        let Some(bound) = self.release_bound() else {
+            return 0;
         };
-        let bound = capacity / 100 * percent;
-        if capacity == 0 || self.reserved() + size <= bound {
+        if self.reserved() + size <= bound {
             return 0;
         }
         flush_own_cache();
         thread_cache::request_flush_all();
         self.advance(Advance::Poll);
         self.release_idle_until(c, bound.saturating_sub(size))
+    }
+
+    /// The reserved bytes above which the pool gives idle memory back before it grows
+    /// (Note [release bound]); `None` when `release_above_percent` is 0 or the capacity
+    /// is unknown.
+    pub(super) fn release_bound(&self) -> Option<u64> {
+        let percent = config::get(Key::ReleaseAbovePercent).min(100);
+        if percent == 0 {
+            return None;
+        }
+        let capacity = match self.limit() {
+            0 => self.device_total(),
+            l => l,
+        };
+        (capacity > 0).then(|| capacity / 100 * percent)
     }
 
     /// The device's total memory, asked of the backend once.

@@ -191,7 +191,7 @@ impl DevicePool {
     /// thread alone never meets the condition, so one thread's footprint (every replay,
     /// also `--per-thread`) is unchanged. H200, 64 KiB pairs after the main thread's loop:
     /// one thread 0.94-1.03 → 3.2-4.3 M pairs/s (0.125 fences a pair), 16 threads 39-41 →
-    /// 60 M; 16 threads on a pool only their own warm-up made, 33-46 → 46-58 M, for 3-5
+    /// 60 M; 16 threads on a pool only their own warm-up made, 33-46 → 46-58 M, for 2-7
     /// more small segments; the GPT and conv loops under the preload at the same device
     /// peak (docs/BENCHMARKS.md, twentieth session). Not while `release_above_percent` is
     /// set (Note [release bound]): that pool gives idle memory back before it grows, which

@@ -183,8 +183,9 @@ typedef struct {
   /**
    * Bytes freed and waiting for a context fence the pool has not yet seen complete:
    * blocks freed without a stream or on a foreign stream (nobody may take them yet) and
-   * blocks freed on a stream (only that stream may take them yet). Blocks in thread
-   * caches are not counted. Current value only.
+   * blocks freed on a stream (only that stream may take them yet). Blocks a thread keeps
+   * after freeing them without a stream count until their fence completes (Note [thread
+   * fences]); blocks in the threads' stream-ordered caches do not. Current value only.
    */
   uint64_t pending_fence_bytes;
   /**

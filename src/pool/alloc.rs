@@ -9,6 +9,11 @@ use super::{DevicePool, Request, StreamRef, BLOCKS, STREAMLESS};
 use crate::status::{CupoolStatus, Result};
 use core::sync::atomic::Ordering;
 
+/// Streamless allocations served by fencing the calling thread's own kept blocks, since
+/// its kept blocks last served it, after which it gets a segment (Note [room beside
+/// stranded blocks]).
+const ROOM_AFTER_OWN_FENCES: u64 = 4;
+
 impl DevicePool {
     /// Allocates a block that missed the thread cache. `flush_own_cache` gives the calling
     /// thread's cached blocks of this pool back; it is called before the pool grows and
@@ -25,6 +30,11 @@ impl DevicePool {
         keeps_streamless: bool,
         flush_own_cache: &mut dyn FnMut() -> bool,
     ) -> Result<u64> {
+        let own_fence_streak = if keeps_streamless {
+            c.own_fence_streak()
+        } else {
+            0
+        };
         // Note [parked arena blocks]: every fit below sees the parked blocks, merged with
         // their neighbours as at their free.
         self.file_all_parked();
@@ -80,9 +90,10 @@ impl DevicePool {
                 return Ok(ptr);
             }
         }
-        if keeps_streamless && self.room_beside_stranded(c, req) {
+        if own_fence_streak >= ROOM_AFTER_OWN_FENCES && self.room_beside_stranded(c, req) {
             if let Ok(ptr) = self.grow(c, req) {
                 self.shared.lock().slow.misses += 1;
+                c.set_own_fence_streak(0);
                 return Ok(ptr);
             }
         }
@@ -99,6 +110,9 @@ impl DevicePool {
             self.advance(Advance::Poll);
         }
         if let Some(ptr) = self.try_fit(c, req, false) {
+            if keeps_streamless && fenced_flush {
+                c.set_own_fence_streak(own_fence_streak + 1);
+            }
             return Ok(ptr);
         }
         if req.kind == SegmentKind::Large && self.arena_active() {
@@ -184,18 +198,24 @@ impl DevicePool {
     /// before growing, and got them back through a context fence: one fence a pair, where
     /// it needs one for every batch. A main thread that ran 20 000 streamless pairs with 10
     /// blocks live, then a new thread's 64 KiB pairs, on the host backend: 300 ns and 1.0
-    /// fence a pair, against 45 ns and 0.125 without the main thread's loop. So when the
-    /// calling thread holds less than a closable batch and other threads hold at least
-    /// that much, the pool grows a small segment instead: the room those threads keep,
-    /// given to this one, which the per-thread bound on kept bytes allows already. A
-    /// thread alone never meets the condition, so one thread's footprint (every replay,
-    /// also `--per-thread`) is unchanged. H200, 64 KiB pairs after the main thread's loop:
-    /// one thread 0.94-1.03 → 3.2-4.3 M pairs/s (0.125 fences a pair), 16 threads 39-41 →
-    /// 60 M; 16 threads on a pool only their own warm-up made, 33-46 → 46-58 M, for 2-7
-    /// more small segments; the GPT and conv loops under the preload at the same device
-    /// peak (docs/BENCHMARKS.md, twentieth session). Not while `release_above_percent` is
-    /// set (Note [release bound]): that pool gives idle memory back before it grows, which
-    /// this path would skip.
+    /// fence a pair, against 45 ns and 0.125 without the main thread's loop (on an H200,
+    /// with two free places, the loop alternated: one place, then a fence, 0.5 a pair). So
+    /// once [`ROOM_AFTER_OWN_FENCES`] streamless allocations were served by fencing its own
+    /// blocks since its kept blocks last served it, a thread that holds less than a
+    /// closable batch, while other threads hold at least that much, gets a small segment
+    /// instead: the room those threads keep, given to this one, which the per-thread bound
+    /// on kept bytes allows already.
+    ///
+    /// Why the count: granted at the first such allocation, the room was also given to
+    /// threads that found the pool full for a moment (8 threads at a time, each freeing
+    /// six blocks of random sizes and exiting, `tests/pool_threads.rs`), where fencing what
+    /// others had given back would have served them: the pool grew from 8-10 MiB to 16-36
+    /// MiB over 10 000 threads instead of staying there (6-14 MiB with the count). Counted
+    /// only in a row, it never fired on the H200's alternating loop. A thread alone never
+    /// meets the condition, so one thread's footprint (every replay, also `--per-thread`)
+    /// is unchanged. Measured on an H200 in docs/BENCHMARKS.md (twentieth session). Not
+    /// while `release_above_percent` is set (Note [release bound]): that pool gives idle
+    /// memory back before it grows, which this path would skip.
     fn room_beside_stranded(&self, c: &ThreadCounters, req: Request) -> bool {
         if req.stream.is_some() || req.kind != SegmentKind::Small {
             return false;

@@ -44,6 +44,10 @@ pub struct ThreadCounters {
     /// [thread fences]): memory no other thread can take (Note [room beside stranded
     /// blocks] in `pool/alloc.rs`). A signed delta like the levels.
     kept_held: AtomicU64,
+    /// Streamless allocations the pool served by fencing this thread's own kept blocks
+    /// since its kept blocks last served it (Note [room beside stranded blocks] in
+    /// `pool/alloc.rs`). Owner only; 0 on a record another thread adopts.
+    own_fence_streak: AtomicU64,
     /// True for a record that several threads may use at once (the fallback record for
     /// threads whose thread-local storage is gone): then updates use locked RMWs.
     shared: bool,
@@ -63,6 +67,7 @@ impl ThreadCounters {
             counts: core::array::from_fn(|_| AtomicU64::new(0)),
             kept_unfenced: AtomicU64::new(0),
             kept_held: AtomicU64::new(0),
+            own_fence_streak: AtomicU64::new(0),
             shared,
         }
     }
@@ -134,6 +139,18 @@ impl ThreadCounters {
         self.kept_held.load(Relaxed) as i64
     }
 
+    /// The streak of Note [room beside stranded blocks].
+    #[inline]
+    pub fn own_fence_streak(&self) -> u64 {
+        self.own_fence_streak.load(Relaxed)
+    }
+
+    /// Sets that streak (its owner only).
+    #[inline]
+    pub fn set_own_fence_streak(&self, n: u64) {
+        self.own_fence_streak.store(n, Relaxed);
+    }
+
     pub fn get_count(&self, c: Count) -> u64 {
         self.counts[c as usize].load(Relaxed)
     }
@@ -144,6 +161,7 @@ impl ThreadCounters {
         for (h, l) in self.high_water.iter().zip(self.levels.iter()) {
             h.store(l.load(Relaxed), Relaxed);
         }
+        self.own_fence_streak.store(0, Relaxed);
     }
 }
 

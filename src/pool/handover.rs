@@ -106,6 +106,10 @@ impl DevicePool {
         d.handle = 0;
         let ptr = d.ptr;
         c.hold_kept(-(d.size as i64));
+        if c.own_fence_streak() != 0 {
+            // Note [room beside stranded blocks]: served by its own kept blocks again.
+            c.set_own_fence_streak(0);
+        }
         self.note_allocated(c, d.size, requested);
         b.publish_allocated(ptr);
         Some(ptr)

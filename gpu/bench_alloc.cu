@@ -151,6 +151,18 @@ static void driver_call_costs() {
   cudaStreamDestroy(s);
 }
 
+// The positive numbers of a list such as "1 8 16" (an environment knob), up to the first
+// word that is not a number.
+static std::vector<long> positive_numbers(const char *list) {
+  std::vector<long> out;
+  for (char *end; *list; list = end) {
+    long n = strtol(list, &end, 10);
+    if (end == list) break;
+    if (n > 0) out.push_back(n);
+  }
+  return out;
+}
+
 #ifndef BENCH_WITHOUT_CUPOOL
 // BENCH_THREADS_ONLY with cupool: the pool's counters and estimated fence-call time after
 // each thread count's runs (cumulative; `gpu/report.py` ignores these lines), so that a
@@ -183,11 +195,7 @@ static void threads_only(const std::vector<int> &threads) {
   if (const char *list = getenv("BENCH_THREAD_WARM_LIVE")) {
     cudaStream_t s;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return;
-    for (char *end; *list; list = end) {
-      long n = strtol(list, &end, 10);
-      if (end == list) break;
-      if (n > 0) bench::live_blocks<A>((size_t)n, s);
-    }
+    for (long n : positive_numbers(list)) bench::live_blocks<A>((size_t)n, s);
     cudaStreamSynchronize(s);
     cudaStreamDestroy(s);
     pool_counts_line(A::name(), 0);
@@ -216,11 +224,7 @@ int main(int argc, char **argv) {
   std::vector<int> threads = {1, 4, 16};
   if (const char *list = getenv("BENCH_THREAD_COUNTS")) {  // e.g. "1 8 15 16"
     threads.clear();
-    for (char *end; *list; list = end) {
-      long n = strtol(list, &end, 10);
-      if (end == list) break;
-      if (n > 0) threads.push_back((int)n);
-    }
+    for (long n : positive_numbers(list)) threads.push_back((int)n);
   }
   auto wanted = [&](const char *name) {
     if (argc < 2) return true;

@@ -209,6 +209,27 @@ inline int cpu_for_thread(int t, int threads) {
   return pin != nullptr && strcmp(pin, "1") == 0 ? reference_cpu(t, threads) : -1;
 }
 
+// The thread test's pairs per thread (the allocator's default, or BENCH_THREAD_PAIRS) and
+// their size (64 KiB, or BENCH_THREAD_SIZE: diagnostic), read by both of its loops.
+template <class A>
+void thread_test_shape(int &pairs, size_t &size) {
+  pairs = A::costs().thread_pairs;
+  if (const char *n = getenv("BENCH_THREAD_PAIRS")) pairs = atoi(n);
+  const char *bytes = getenv("BENCH_THREAD_SIZE");
+  size = bytes ? strtoull(bytes, nullptr, 10) : 64u << 10;
+}
+
+// `n` alloc+free pairs of `size` bytes on `s`; false at the first failed allocation.
+template <class A>
+bool pairs_on(int n, size_t size, cudaStream_t s) {
+  for (int i = 0; i < n; i++) {
+    void *p;
+    if (!A::alloc(&p, size, s)) return false;
+    A::release(p, s);
+  }
+  return true;
+}
+
 // Aggregate pairs per second of `threads` threads, each with its own stream, each doing the
 // same number of 64 KiB pairs; all start together. Median of 3 runs. Knobs, to tell where
 // the scaling goes: BENCH_THREAD_PAIRS=N pairs per thread instead of the allocator's
@@ -218,13 +239,11 @@ inline int cpu_for_thread(int t, int threads) {
 // threads' own rates (pairs over each thread's own time), which start skew does not lower.
 template <class A>
 void throughput(int threads) {
-  Costs c = A::costs();
-  if (const char *n = getenv("BENCH_THREAD_PAIRS")) c.thread_pairs = atoi(n);
+  int thread_pairs;
+  size_t size;
+  thread_test_shape<A>(thread_pairs, size);
   const char *mode = getenv("BENCH_THREAD_STREAM");
   const bool null_stream = mode != nullptr && strcmp(mode, "null") == 0;
-  // BENCH_THREAD_SIZE: the block size of every pair (diagnostic; the suite's is 64 KiB).
-  const size_t size = getenv("BENCH_THREAD_SIZE") ? strtoull(getenv("BENCH_THREAD_SIZE"), nullptr, 10)
-                                                  : 64u << 10;
   std::vector<double> own_sums, skews, slowest, fastest;
   std::vector<double> rates;
   for (int run = 0; run < 3; run++) {
@@ -244,20 +263,12 @@ void throughput(int threads) {
           ready++;
           return;
         }
-        for (int i = 0; i < 50; i++) {  // warm this thread's cache
-          void *p;
-          if (!A::alloc(&p, size, s)) { failures++; break; }
-          A::release(p, s);
-        }
+        if (!pairs_on<A>(50, size, s)) failures++;  // warm this thread's cache
         ready++;
         while (!go.load(std::memory_order_acquire)) {
         }
         starts[t] = now_ns();
-        for (int i = 0; i < c.thread_pairs; i++) {
-          void *p;
-          if (!A::alloc(&p, size, s)) { failures++; break; }
-          A::release(p, s);
-        }
+        if (!pairs_on<A>(thread_pairs, size, s)) failures++;
         ends[t] = now_ns();
         cudaStreamSynchronize(s);
         if (!null_stream) cudaStreamDestroy(s);
@@ -272,11 +283,11 @@ void throughput(int threads) {
     double secs = (*std::max_element(ends.begin(), ends.end()) -
                    *std::min_element(starts.begin(), starts.end())) / 1e9;
     if (failures.load()) die(A::name(), "threaded alloc", size);
-    rates.push_back((double)threads * c.thread_pairs / secs);
+    rates.push_back((double)threads * thread_pairs / secs);
     double own = 0, lo = 1e300, hi = 0;
     for (int t = 0; t < threads; t++) {
       double took = ends[t] - starts[t];
-      own += c.thread_pairs / (took / 1e9);
+      own += thread_pairs / (took / 1e9);
       lo = std::min(lo, took);
       hi = std::max(hi, took);
     }
@@ -295,7 +306,7 @@ void throughput(int threads) {
   printf("BENCH threads %s %d pairs_per_s=%.0f ns_per_pair_aggregate=%.1f pairs_per_thread=%d "
          "own_rates_sum=%.0f start_skew_us=%.1f thread_ms_min=%.2f thread_ms_max=%.2f "
          "stream=%s\n",
-         A::name(), threads, rate, 1e9 / rate, c.thread_pairs, own_sums[1], skews[1] / 1e3,
+         A::name(), threads, rate, 1e9 / rate, thread_pairs, own_sums[1], skews[1] / 1e3,
          fastest[1] / 1e6, slowest[1] / 1e6, null_stream ? "null" : "own");
   fflush(stdout);
 }
@@ -310,10 +321,9 @@ void throughput(int threads) {
 template <class A>
 void per_cpu_rates(int threads) {
   if (reference_cpu(0, threads) < 0) return;
-  Costs c = A::costs();
-  if (const char *n = getenv("BENCH_THREAD_PAIRS")) c.thread_pairs = atoi(n);
-  const size_t size = getenv("BENCH_THREAD_SIZE") ? strtoull(getenv("BENCH_THREAD_SIZE"), nullptr, 10)
-                                                  : 64u << 10;
+  int thread_pairs;
+  size_t size;
+  thread_test_shape<A>(thread_pairs, size);
   double sum = 0, lo = 1e300, hi = 0;
   for (int t = 0; t < threads; t++) {
     std::vector<double> rates;
@@ -322,18 +332,10 @@ void per_cpu_rates(int threads) {
       cudaStream_t s = nullptr;
       if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return;
       for (int run = 0; run < 3; run++) {
-        for (int i = 0; i < 50; i++) {
-          void *p;
-          if (!A::alloc(&p, size, s)) return;
-          A::release(p, s);
-        }
+        if (!pairs_on<A>(50, size, s)) return;
         double t0 = now_ns();
-        for (int i = 0; i < c.thread_pairs; i++) {
-          void *p;
-          if (!A::alloc(&p, size, s)) return;
-          A::release(p, s);
-        }
-        rates.push_back(c.thread_pairs / ((now_ns() - t0) / 1e9));
+        if (!pairs_on<A>(thread_pairs, size, s)) return;
+        rates.push_back(thread_pairs / ((now_ns() - t0) / 1e9));
       }
       cudaStreamSynchronize(s);
       cudaStreamDestroy(s);

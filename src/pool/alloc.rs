@@ -90,7 +90,7 @@ impl DevicePool {
                 return Ok(ptr);
             }
         }
-        if own_fence_streak >= ROOM_AFTER_OWN_FENCES && self.room_beside_stranded(c, req) {
+        if own_fence_streak >= ROOM_AFTER_OWN_FENCES && self.room_beside_stranded(c) {
             if let Ok(ptr) = self.grow(c, req) {
                 self.shared.lock().slow.misses += 1;
                 c.set_own_fence_streak(0);
@@ -187,8 +187,10 @@ impl DevicePool {
         self.shared.lock().fence_queue.bytes >= size
     }
 
-    /// Whether a small streamless request should get a new segment rather than this
-    /// thread's own kept blocks back through a fence: Note [room beside stranded blocks].
+    /// Whether a streamless request of a thread that keeps blocks of its size (so a small
+    /// block: `keeps_streamless` in [`DevicePool::alloc_slow`]) should get a new segment
+    /// rather than this thread's own kept blocks back through a fence: Note [room beside
+    /// stranded blocks].
     ///
     /// Note [room beside stranded blocks]: a thread keeps up to 2 MiB of its streamless
     /// frees (Note [thread fences]) and only it can take them back. A thread that stops
@@ -216,10 +218,7 @@ impl DevicePool {
     /// is unchanged. Measured on an H200 in docs/BENCHMARKS.md (twentieth session). Not
     /// while `release_above_percent` is set (Note [release bound]): that pool gives idle
     /// memory back before it grows, which this path would skip.
-    fn room_beside_stranded(&self, c: &ThreadCounters, req: Request) -> bool {
-        if req.stream.is_some() || req.kind != SegmentKind::Small {
-            return false;
-        }
+    fn room_beside_stranded(&self, c: &ThreadCounters) -> bool {
         if self.release_bound().is_some() {
             return false;
         }

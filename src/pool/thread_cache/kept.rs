@@ -38,6 +38,8 @@ pub const KEPT_BATCH: usize = 64;
 /// preload's 1 MiB pair took 576-579 ns kept against 447-453 ns through the pool on an H100
 /// (docs/BENCHMARKS.md).
 const KEPT_MAX_BLOCK: u64 = KEPT_MAX_BYTES / 8;
+// A kept block is a small one (Note [room beside stranded blocks] grows a small segment).
+const _: () = assert!(KEPT_MAX_BLOCK <= SMALL_MAX);
 /// Streamless allocations in a row that the kept blocks did not serve, after which the
 /// thread gives them back (Note [stale kept blocks]).
 const STALE_AFTER_MISSES: u32 = 16;
@@ -137,14 +139,7 @@ impl ThreadCache {
         idx: BlockIdx,
         size: u64,
     ) -> bool {
-        if self.limits.generation != crate::config::generation() {
-            self.limits = Limits::read();
-        }
-        // Small blocks only: a large block freed and allocated again in a loop is the case
-        // Note [lone fences] in the pool module handles (a second copy instead of a fence
-        // per reuse), and large programs' buffers are few.
-        let on = self.limits.enabled && self.limits.streamless;
-        if size > KEPT_MAX_BLOCK.min(self.limits.max_block) || !on {
+        if !self.keeps_streamless(size) {
             return false;
         }
         self.check_flush_request();
@@ -202,6 +197,10 @@ impl ThreadCache {
     }
 
     /// Whether this thread keeps a block of `size` bytes when it is freed without a stream.
+    /// Small blocks only: a large block freed and allocated again in a loop is the case
+    /// Note [lone fences] in the pool module handles (a second copy instead of a fence per
+    /// reuse), and large programs' buffers are few.
+    #[inline]
     pub fn keeps_streamless(&mut self, size: u64) -> bool {
         if self.limits.generation != crate::config::generation() {
             self.limits = Limits::read();

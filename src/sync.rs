@@ -109,6 +109,15 @@ pub type LockGuard<'a, T> = spin::MutexGuard<'a, T>;
 pub type LockGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
 
 impl<T> Lock<T> {
+    /// A lock for a static (loom's mutex has no `const` constructor: under loom, statics
+    /// are built in each model).
+    #[cfg(not(loom))]
+    pub const fn new_const(value: T) -> Self {
+        Lock {
+            inner: spin::Mutex::new(value),
+        }
+    }
+
     pub fn new(value: T) -> Self {
         Lock {
             #[cfg(not(loom))]

@@ -17,8 +17,8 @@ use cupool::pool::fence_clock::{FenceClock, FenceRecorder, Urge};
 use loom::sync::Arc;
 use loom::thread;
 
-/// Two threads enter blocks in the same (not yet created) radix nodes at once: node
-/// creation races through CAS, and both entries must be visible afterwards.
+/// Two threads enter blocks at once (the first of them makes the table): both entries are
+/// visible afterwards.
 #[test]
 fn address_map_concurrent_inserts_both_land() {
     loom::model(|| {
@@ -31,6 +31,31 @@ fn address_map_concurrent_inserts_both_land() {
         t.join().unwrap();
         assert_eq!(map.get(0x200), Some(7));
         assert_eq!(map.get(0x400), Some(9));
+    });
+}
+
+/// Two starts with one home slot, the second one step along the first's probe run.
+/// Removing the first moves the second back into its place: a reader looking for the
+/// second while that happens must still find it (Note [address map as a hash]: without
+/// the `moves` sequence lock it reads the old place after the move, the new one before).
+#[test]
+fn address_map_finds_an_entry_a_removal_moves() {
+    let first = 0x200;
+    loom::model(move || {
+        let map = Arc::new(AddressMap::new());
+        assert!(map.set(first, 7));
+        let home = map.home_slot(first);
+        let second = (2..)
+            .map(|g: u64| g * 0x200)
+            .find(|&a| map.home_slot(a) == home)
+            .expect("a start with the same home");
+        assert!(map.set(second, 9));
+        let m2 = map.clone();
+        let t = thread::spawn(move || m2.clear(first));
+        assert_eq!(map.get(second), Some(9));
+        t.join().unwrap();
+        assert_eq!(map.get(first), None);
+        assert_eq!(map.get(second), Some(9));
     });
 }
 

@@ -245,9 +245,13 @@ const CHUNK_SHIFT: u32 = 12;
 const CHUNK_SHIFT: u32 = 2;
 const CHUNK_LEN: usize = 1 << CHUNK_SHIFT;
 #[cfg(not(loom))]
-const MAX_CHUNKS: usize = 1 << 14;
+const MAX_CHUNKS: usize = 1 << 13;
 #[cfg(loom)]
 const MAX_CHUNKS: usize = 4;
+
+/// Most records the table can hold (2^25, 4 GiB of records): what the address map's slots
+/// have room for.
+pub const MAX_RECORDS: usize = CHUNK_LEN * MAX_CHUNKS;
 
 /// A chunk of `CHUNK_LEN` unused records, never freed. Frees read records at random: on
 /// huge pages (Note [metadata on huge pages]).
@@ -269,7 +273,7 @@ fn new_chunk() -> *mut Block {
     Box::leak(chunk).as_mut_ptr()
 }
 
-/// Type-stable storage for block records (up to 2^26 of them).
+/// Type-stable storage for block records (up to [`MAX_RECORDS`] of them).
 pub struct BlockTable {
     chunks: [AtomicPtr<Block>; MAX_CHUNKS],
     /// Records not in use, and how many chunks exist; changed only under this lock, which

@@ -363,12 +363,12 @@ fn a_parked_block_has_one_owner_and_its_owner_sees_its_record() {
             move || {
                 let b = t.get(idx);
                 // SAFETY: this thread holds the block until the slot publishes it.
-                unsafe { b.data().free_epoch = stamp };
+                unsafe { t.links(idx).free_epoch = stamp };
                 b.set_place(Place::Parked);
                 // What the slot held before is this thread's now.
                 s.park(STREAM, idx).map(|earlier| {
                     // SAFETY: swapped out of the slot: owned.
-                    (earlier, unsafe { t.get(earlier).data().free_epoch })
+                    (earlier, unsafe { t.links(earlier).free_epoch })
                 })
             }
         };
@@ -379,20 +379,20 @@ fn a_parked_block_has_one_owner_and_its_owner_sees_its_record() {
         let request = thread::spawn(move || {
             s3.take(STREAM).map(|idx| {
                 // SAFETY: swapped out of the slot: owned.
-                (idx, unsafe { t3.get(idx).data().free_epoch })
+                (idx, unsafe { t3.links(idx).free_epoch })
             })
         });
         let mut filed = Vec::new();
         slots.take_all(|idx| {
             // SAFETY: swapped out of the slot: owned.
-            filed.push((idx, unsafe { table.get(idx).data().free_epoch }));
+            filed.push((idx, unsafe { table.links(idx).free_epoch }));
         });
         let mut owners: Vec<(u32, u64)> = filed;
         owners.extend(p2.join().unwrap());
         owners.extend(request.join().unwrap());
         slots.take_all(|idx| {
             // SAFETY: every other thread has ended.
-            owners.push((idx, unsafe { table.get(idx).data().free_epoch }));
+            owners.push((idx, unsafe { table.links(idx).free_epoch }));
         });
         owners.sort();
         assert_eq!(owners, vec![(first, 11), (second, 22)], "one owner each");

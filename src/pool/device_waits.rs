@@ -273,7 +273,8 @@ impl DevicePool {
         let d = BLOCKS.get(idx).data();
         if let Some(a) = sh.arena.as_mut().filter(|a| a.contains(d.ptr)) {
             a.pin(d.ptr, d.size);
-            sh.device_pins.push((d.ptr, d.size, d.free_epoch));
+            sh.device_pins
+                .push((d.ptr, d.size, BLOCKS.links(idx).free_epoch));
         }
     }
 

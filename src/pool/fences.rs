@@ -84,7 +84,7 @@ impl DevicePool {
             // block tells whether anything in it is unsealed.
             let newest = |f: &Fifo| {
                 f.back()
-                    .map_or(0, |t| unsafe { BLOCKS.get(t).data().free_epoch })
+                    .map_or(0, |t| unsafe { BLOCKS.links(t).free_epoch })
             };
             let unsealed = newest(&sh.fence_queue) > covered
                 || sh.streams.iter().any(|st| newest(&st.age) > covered);
@@ -287,11 +287,11 @@ impl DevicePool {
         let confirmed = sh.fence_done;
         let fence_done = confirmed.max(sh.device_drained);
         while let Some(idx) = sh.fence_queue.front() {
-            if BLOCKS.get(idx).data().free_epoch > fence_done {
+            if BLOCKS.links(idx).free_epoch > fence_done {
                 break;
             }
             sh.fence_queue.remove(&BLOCKS, idx);
-            if BLOCKS.get(idx).data().free_epoch > confirmed {
+            if BLOCKS.links(idx).free_epoch > confirmed {
                 Self::hold_until_confirmed(sh, idx);
             }
             self.insert_shared(sh, idx);
@@ -301,11 +301,11 @@ impl DevicePool {
             loop {
                 let st = &mut sh.streams[pos];
                 let Some(idx) = st.age.front() else { break };
-                let d = BLOCKS.get(idx).data();
-                if d.free_epoch > fence_done {
+                let free_epoch = BLOCKS.links(idx).free_epoch;
+                if free_epoch > fence_done {
                     break;
                 }
-                let (kind, unconfirmed) = (d.kind, d.free_epoch > confirmed);
+                let (kind, unconfirmed) = (BLOCKS.get(idx).data().kind, free_epoch > confirmed);
                 st.age.remove(&BLOCKS, idx);
                 st.index(kind).remove(&BLOCKS, idx);
                 if unconfirmed {

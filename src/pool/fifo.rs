@@ -33,17 +33,17 @@ impl Fifo {
     /// # Safety
     /// Pool lock held; `idx` is in no FIFO.
     pub unsafe fn push_back(&mut self, table: &BlockTable, idx: BlockIdx) {
-        let d = table.get(idx).data();
-        d.fifo_prev = self.tail;
-        d.fifo_next = NIL;
+        let l = table.links(idx);
+        l.fifo_prev = self.tail;
+        l.fifo_next = NIL;
         if self.tail != NIL {
-            table.get(self.tail).data().fifo_next = idx;
+            table.links(self.tail).fifo_next = idx;
         } else {
             self.head = idx;
         }
         self.tail = idx;
         self.blocks += 1;
-        self.bytes += d.size;
+        self.bytes += table.get(idx).data().size;
     }
 
     /// Puts `new` where `old` is and takes `old` out, when `new` is the remainder just split
@@ -54,22 +54,22 @@ impl Fifo {
     /// Pool lock held; `old` is in this FIFO, `new` in none.
     pub unsafe fn replace(&mut self, table: &BlockTable, old: BlockIdx, new: BlockIdx) {
         let (prev, next, old_part) = {
-            let o = table.get(old).data();
-            let r = (o.fifo_prev, o.fifo_next, o.size);
+            let o = table.links(old);
+            let r = (o.fifo_prev, o.fifo_next, table.get(old).data().size);
             o.fifo_prev = NIL;
             o.fifo_next = NIL;
             r
         };
-        let n = table.get(new).data();
+        let n = table.links(new);
         n.fifo_prev = prev;
         n.fifo_next = next;
         if prev != NIL {
-            table.get(prev).data().fifo_next = new;
+            table.links(prev).fifo_next = new;
         } else {
             self.head = new;
         }
         if next != NIL {
-            table.get(next).data().fifo_prev = new;
+            table.links(next).fifo_prev = new;
         } else {
             self.tail = new;
         }
@@ -79,22 +79,22 @@ impl Fifo {
     /// # Safety
     /// Pool lock held; `idx` is in this FIFO.
     pub unsafe fn remove(&mut self, table: &BlockTable, idx: BlockIdx) {
-        let d = table.get(idx).data();
-        let (prev, next) = (d.fifo_prev, d.fifo_next);
-        d.fifo_prev = NIL;
-        d.fifo_next = NIL;
+        let l = table.links(idx);
+        let (prev, next) = (l.fifo_prev, l.fifo_next);
+        l.fifo_prev = NIL;
+        l.fifo_next = NIL;
         if prev != NIL {
-            table.get(prev).data().fifo_next = next;
+            table.links(prev).fifo_next = next;
         } else {
             self.head = next;
         }
         if next != NIL {
-            table.get(next).data().fifo_prev = prev;
+            table.links(next).fifo_prev = prev;
         } else {
             self.tail = prev;
         }
         self.blocks -= 1;
-        self.bytes -= d.size;
+        self.bytes -= table.get(idx).data().size;
     }
 }
 

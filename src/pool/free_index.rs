@@ -40,17 +40,18 @@ impl FreeIndex {
     /// # Safety
     /// The caller owns `idx` (pool lock held) and it is in no other list.
     pub unsafe fn insert(&mut self, table: &BlockTable, idx: BlockIdx) {
-        let d = table.get(idx).data();
-        let c = class_of(d.size);
+        let size = table.get(idx).data().size;
+        let c = class_of(size);
         let head = self.heads[c];
-        d.list_prev = NIL;
-        d.list_next = head;
+        let l = table.links(idx);
+        l.list_prev = NIL;
+        l.list_next = head;
         if head != NIL {
-            table.get(head).data().list_prev = idx;
+            table.links(head).list_prev = idx;
         }
         self.heads[c] = idx;
         self.non_empty[c / 64] |= 1 << (c % 64);
-        self.bytes += d.size;
+        self.bytes += size;
         self.blocks += 1;
     }
 
@@ -59,15 +60,16 @@ impl FreeIndex {
     /// # Safety
     /// As for [`FreeIndex::insert`], and `idx` is in this index.
     pub unsafe fn remove(&mut self, table: &BlockTable, idx: BlockIdx) {
-        let d = table.get(idx).data();
-        let (prev, next, size) = (d.list_prev, d.list_next, d.size);
-        d.list_prev = NIL;
-        d.list_next = NIL;
+        let size = table.get(idx).data().size;
+        let l = table.links(idx);
+        let (prev, next) = (l.list_prev, l.list_next);
+        l.list_prev = NIL;
+        l.list_next = NIL;
         if next != NIL {
-            table.get(next).data().list_prev = prev;
+            table.links(next).list_prev = prev;
         }
         if prev != NIL {
-            table.get(prev).data().list_next = next;
+            table.links(prev).list_next = next;
         } else {
             let c = class_of(size);
             debug_assert_eq!(self.heads[c], idx);
@@ -89,11 +91,10 @@ impl FreeIndex {
         let mut idx = self.heads[c];
         let mut probes = 0;
         while idx != NIL && probes < SAME_CLASS_PROBES {
-            let d = table.get(idx).data();
-            if d.size >= size {
+            if table.get(idx).data().size >= size {
                 return Some(idx);
             }
-            idx = d.list_next;
+            idx = table.links(idx).list_next;
             probes += 1;
         }
         self.first_class_above(c).map(|k| self.heads[k])
@@ -124,8 +125,7 @@ impl FreeIndex {
         'classes: loop {
             let mut idx = self.heads[c];
             while idx != NIL {
-                let d = table.get(idx).data();
-                if d.size >= size && idx != first {
+                if table.get(idx).data().size >= size && idx != first {
                     let (k, offset) = place(idx);
                     if k < best.0 {
                         best = (k, idx, offset);
@@ -138,7 +138,7 @@ impl FreeIndex {
                         break 'classes;
                     }
                 }
-                idx = d.list_next;
+                idx = table.links(idx).list_next;
             }
             match self.first_class_above(c) {
                 Some(k) => c = k,
@@ -178,7 +178,7 @@ impl FreeIndex {
             let mut idx = head;
             while idx != NIL {
                 out.push(idx);
-                idx = table.get(idx).data().list_next;
+                idx = table.links(idx).list_next;
             }
         }
         out

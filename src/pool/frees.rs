@@ -47,7 +47,7 @@ impl DevicePool {
                         .stream(s)
                         .age
                         .back()
-                        .map_or(0, |t| BLOCKS.get(t).data().free_epoch);
+                        .map_or(0, |t| BLOCKS.links(t).free_epoch);
                     e.max(newest).min(now)
                 }
             };
@@ -55,7 +55,7 @@ impl DevicePool {
             let d = BLOCKS.get(idx).data();
             d.stream = s.id;
             d.requested = 0;
-            d.free_epoch = stamp;
+            BLOCKS.links(idx).free_epoch = stamp;
             let idx = self.merge_on_stream(&mut sh, s, idx);
             let kind = BLOCKS.get(idx).data().kind;
             let st = sh.stream(s);
@@ -120,18 +120,17 @@ impl DevicePool {
                 a.merge_at(junction);
             }
         };
-        let prev = BLOCKS.get(idx).data().seg_prev;
+        let prev = BLOCKS.links(idx).seg_prev;
         if mergeable(prev) {
             take(sh, prev, BLOCKS.get(idx).data().ptr);
-            let epoch = BLOCKS.get(idx).data().free_epoch;
+            let epoch = BLOCKS.links(idx).free_epoch;
             Self::absorb_next(sh, prev);
             BLOCKS.get(prev).set_place(Place::FreeOnStream);
-            let d = BLOCKS.get(prev).data();
-            d.stream = s.id;
-            d.free_epoch = epoch;
+            BLOCKS.get(prev).data().stream = s.id;
+            BLOCKS.links(prev).free_epoch = epoch;
             idx = prev;
         }
-        let next = BLOCKS.get(idx).data().seg_next;
+        let next = BLOCKS.links(idx).seg_next;
         if mergeable(next) {
             take(sh, next, BLOCKS.get(next).data().ptr);
             Self::absorb_next(sh, idx);
@@ -148,9 +147,8 @@ impl DevicePool {
         let seal = {
             let mut sh = self.shared.lock();
             BLOCKS.get(idx).set_place(Place::AwaitingFence);
-            let d = BLOCKS.get(idx).data();
-            d.requested = 0;
-            d.free_epoch = sh.clock;
+            BLOCKS.get(idx).data().requested = 0;
+            BLOCKS.links(idx).free_epoch = sh.clock;
             sh.fence_queue.push_back(&BLOCKS, idx);
             sh.unsealed_fence_blocks += 1;
             if cross_stream {
@@ -229,7 +227,7 @@ impl DevicePool {
             let d = BLOCKS.get(idx).data();
             d.requested = 0;
             d.stream = STREAMLESS;
-            d.free_epoch = sh.clock;
+            BLOCKS.links(idx).free_epoch = sh.clock;
             sh.fence_queue.push_back(&BLOCKS, idx);
             sh.unsealed_fence_blocks += 1;
         }

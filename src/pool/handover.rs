@@ -240,7 +240,8 @@ impl Taken {
         d.stream = s.id;
         d.handle = s.handle as u64;
         d.requested = 0;
-        d.free_epoch = self.pool.clock_for_parking();
+        // SAFETY: as above.
+        unsafe { BLOCKS.links(self.idx) }.free_epoch = self.pool.clock_for_parking();
         b.set_place(Place::Parked);
         if let Some(earlier) = self.pool.parked.park(s.id, self.idx) {
             // SAFETY: swapped out of the slot: this thread owns it now.

@@ -15,8 +15,8 @@ impl DevicePool {
             for (&base, &head) in sh.segments.iter() {
                 // A copy: the walk below takes the head's record again (a `&mut` held over
                 // that is invalidated; Miri, Stacked Borrows).
-                let hd = *BLOCKS.get(head).data();
-                if !hd.segment_head || hd.ptr != base {
+                let (hd, hl) = (*BLOCKS.get(head).data(), *BLOCKS.links(head));
+                if !hl.segment_head || hd.ptr != base {
                     return Err(format!("segment {base:#x}: bad head"));
                 }
                 let mut expect = base;
@@ -24,8 +24,8 @@ impl DevicePool {
                 let mut prev = NIL;
                 let mut prev_shared = false;
                 while idx != NIL {
-                    let d = BLOCKS.get(idx).data();
-                    if d.ptr != expect || d.seg_prev != prev || d.pool != self.index {
+                    let (d, l) = (BLOCKS.get(idx).data(), *BLOCKS.links(idx));
+                    if d.ptr != expect || l.seg_prev != prev || d.pool != self.index {
                         return Err(format!(
                             "segment {base:#x}: block {:#x} out of place",
                             d.ptr
@@ -53,9 +53,9 @@ impl DevicePool {
                     prev_shared = shared;
                     expect = d.ptr + d.size;
                     prev = idx;
-                    idx = d.seg_next;
+                    idx = l.seg_next;
                 }
-                if expect != base + hd.segment_size {
+                if expect != base + hl.segment_size {
                     return Err(format!("segment {base:#x}: blocks do not tile it"));
                 }
                 match sh.arena.as_ref().filter(|a| a.base == base) {
@@ -70,7 +70,7 @@ impl DevicePool {
                                     expected[g] += 1;
                                 }
                             }
-                            idx = d.seg_next;
+                            idx = BLOCKS.links(idx).seg_next;
                         }
                         // Note [device waits]: drained blocks not yet seen idle.
                         for &(ptr, size, _) in &sh.device_pins {
@@ -80,7 +80,7 @@ impl DevicePool {
                         }
                         a.check(&expected)?;
                     }
-                    None => report.reserved += hd.segment_size,
+                    None => report.reserved += hl.segment_size,
                 }
             }
         }

@@ -171,7 +171,7 @@ mod pool_side {
                 handle: d.handle as StreamHandle,
             };
             // SAFETY: owned by the caller, in no list.
-            unsafe { self.file_on_stream(s, &[idx], Some(d.free_epoch)) };
+            unsafe { self.file_on_stream(s, &[idx], Some(BLOCKS.links(idx).free_epoch)) };
         }
 
         /// The pool's clock as a block parked now is stamped with (Note [parked arena
@@ -210,8 +210,8 @@ mod pool_side {
                     && unsafe { BLOCKS.get(n).data() }.stream == stream_id
             };
             // SAFETY: pool lock held; the caller owns `idx`.
-            let d = unsafe { BLOCKS.get(idx).data() };
-            !(on_stream(d.seg_prev) || on_stream(d.seg_next))
+            let l = unsafe { BLOCKS.links(idx) };
+            !(on_stream(l.seg_prev) || on_stream(l.seg_next))
         }
 
         /// Files every parked block, before work that must see all of the pool's free memory.

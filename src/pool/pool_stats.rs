@@ -98,7 +98,7 @@ impl DevicePool {
                 // SAFETY: pool lock held; the fifo's blocks are the pool's.
                 unsafe {
                     tally.add(sh, idx, false);
-                    idx = BLOCKS.get(idx).data().fifo_next;
+                    idx = BLOCKS.links(idx).fifo_next;
                 }
             }
         }
@@ -230,7 +230,7 @@ impl FreeTally {
 /// field, which no other thread writes while the segment exists).
 unsafe fn segment_size(sh: &Shared, base: u64) -> u64 {
     // SAFETY: the caller's contract.
-    unsafe { BLOCKS.get(sh.segments[&base]).data().segment_size }
+    unsafe { BLOCKS.links(sh.segments[&base]).segment_size }
 }
 
 /// The statistics [`DevicePool::fragmentation`] derives from the pool's lists.

@@ -1,6 +1,6 @@
 //! Giving memory back to the backend: idle segments (and the VMM arena's idle granules).
 
-use super::block::{BlockData, BlockIdx, Place, SegmentKind, NIL};
+use super::block::{BlockIdx, Place, SegmentKind, NIL};
 use super::counters::{Level, ThreadCounters};
 use super::fences::Advance;
 use super::{thread_cache, DevicePool, ADDRESSES, BACKEND_OFF, BLOCKS};
@@ -55,11 +55,11 @@ impl DevicePool {
                         .filter(|&(&base, _)| Some(base) != arena_base)
                         .filter(|&(base, _)| !sh.exported.contains(base))
                         .filter_map(|(&base, &idx)| {
-                            let d = BLOCKS.get(idx).data();
+                            let l = BLOCKS.links(idx);
                             let whole = BLOCKS.get(idx).place() == Place::FreeShared
-                                && d.seg_next == NIL
-                                && d.size == d.segment_size;
-                            whole.then_some((base, idx, d.segment_size))
+                                && l.seg_next == NIL
+                                && BLOCKS.get(idx).data().size == l.segment_size;
+                            whole.then_some((base, idx, l.segment_size))
                         })
                         .collect()
                 }
@@ -127,7 +127,7 @@ impl DevicePool {
         };
         // SAFETY: the record is new and ours; pool lock held.
         unsafe {
-            *BLOCKS.get(idx).data() = BlockData::segment_head(ptr, size, self.index, kind);
+            BLOCKS.init_segment_head(idx, ptr, size, self.index, kind);
             BLOCKS.get(idx).set_place(Place::FreeShared);
             BLOCKS.get(idx).publish_free(ptr);
             ADDRESSES.set(ptr, idx);

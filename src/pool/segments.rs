@@ -1,7 +1,7 @@
 //! Segments and the blocks they are cut into: growing the pool by a segment, splitting a
 //! block, merging free neighbours into the shared index, and finding a block by address.
 
-use super::block::{BlockData, BlockIdx, Place, SegmentKind, NIL};
+use super::block::{BlockIdx, BlockLinks, Place, SegmentKind, NIL};
 use super::counters::{Level, ThreadCounters};
 use super::size_class::ALIGNMENT;
 use super::size_policy::{split_min, SEGMENT_GRANULE};
@@ -102,18 +102,17 @@ impl DevicePool {
         r.size = rest_size;
         r.requested = 0;
         BLOCKS.get(rest).set_place(rest_place);
-        r.segment_head = false;
-        r.segment_size = 0;
-        r.seg_prev = idx;
-        r.seg_next = d.seg_next;
-        r.list_prev = NIL;
-        r.list_next = NIL;
-        r.fifo_prev = NIL;
-        r.fifo_next = NIL;
-        if d.seg_next != NIL {
-            BLOCKS.get(d.seg_next).data().seg_prev = rest;
+        let dl = BLOCKS.links(idx);
+        *BLOCKS.links(rest) = BlockLinks {
+            free_epoch: dl.free_epoch,
+            seg_prev: idx,
+            seg_next: dl.seg_next,
+            ..BlockLinks::UNLINKED
+        };
+        if dl.seg_next != NIL {
+            BLOCKS.links(dl.seg_next).seg_prev = rest;
         }
-        d.seg_next = rest;
+        dl.seg_next = rest;
         d.size = size;
         BLOCKS.get(rest).publish_free(r.ptr);
         ADDRESSES.set(r.ptr, rest);
@@ -141,13 +140,13 @@ impl DevicePool {
             a.unpin(d.ptr, d.size);
         }
         let kind = d.kind;
-        let prev = d.seg_prev;
+        let prev = BLOCKS.links(idx).seg_prev;
         if prev != NIL && BLOCKS.get(prev).place() == Place::FreeShared {
             sh.index(kind).remove(&BLOCKS, prev);
             Self::absorb_next(sh, prev);
             idx = prev;
         }
-        let next = BLOCKS.get(idx).data().seg_next;
+        let next = BLOCKS.links(idx).seg_next;
         if next != NIL && BLOCKS.get(next).place() == Place::FreeShared {
             sh.index(kind).remove(&BLOCKS, next);
             Self::absorb_next(sh, idx);
@@ -164,13 +163,14 @@ impl DevicePool {
     /// # Safety
     /// Pool lock held; both blocks are owned by the caller.
     pub(super) unsafe fn absorb_next(sh: &mut Shared, idx: BlockIdx) {
-        let d = BLOCKS.get(idx).data();
-        let next = d.seg_next;
+        let l = BLOCKS.links(idx);
+        let next = l.seg_next;
+        let after = BLOCKS.links(next).seg_next;
         let n = *BLOCKS.get(next).data();
-        d.size += n.size;
-        d.seg_next = n.seg_next;
-        if n.seg_next != NIL {
-            BLOCKS.get(n.seg_next).data().seg_prev = idx;
+        BLOCKS.get(idx).data().size += n.size;
+        l.seg_next = after;
+        if after != NIL {
+            BLOCKS.links(after).seg_prev = idx;
         }
         ADDRESSES.clear(n.ptr);
         sh.drop_record(next);
@@ -282,7 +282,7 @@ impl DevicePool {
         let mut sh = self.shared.lock();
         // SAFETY: the record is new and ours; pool lock held.
         unsafe {
-            *BLOCKS.get(idx).data() = BlockData::segment_head(ptr, seg_size, self.index, kind);
+            BLOCKS.init_segment_head(idx, ptr, seg_size, self.index, kind);
             BLOCKS.get(idx).set_place(place);
             BLOCKS.get(idx).publish_free(ptr);
             ADDRESSES.set(ptr, idx);
@@ -306,7 +306,7 @@ impl DevicePool {
         // SAFETY: pool lock held; records of this pool are only changed under it (an
         // allocated block's fields are read-only while allocated).
         unsafe {
-            let seg_size = BLOCKS.get(head).data().segment_size;
+            let seg_size = BLOCKS.links(head).segment_size;
             if ptr >= base + seg_size {
                 return None;
             }
@@ -321,7 +321,7 @@ impl DevicePool {
                         segment_size: seg_size,
                     });
                 }
-                idx = d.seg_next;
+                idx = BLOCKS.links(idx).seg_next;
             }
         }
         None

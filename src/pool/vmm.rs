@@ -7,7 +7,7 @@
 //! backend calls), never the spin lock, and never while a capture is active.
 
 use super::arena::{Arena, Step, ARENA_MIN, ARENA_PER_DEVICE_BYTE};
-use super::block::{BlockData, BlockIdx, Place, SegmentKind};
+use super::block::{BlockIdx, Place, SegmentKind};
 use super::counters::{Level, ThreadCounters};
 use super::size_class::ALIGNMENT;
 use super::{address_map, DevicePool, Request, ADDRESSES, BACKEND_OFF, BLOCKS};
@@ -65,8 +65,7 @@ impl DevicePool {
         let mut sh = self.shared.lock();
         // SAFETY: the record is new and ours; pool lock held.
         unsafe {
-            *BLOCKS.get(idx).data() =
-                BlockData::segment_head(base, size, self.index, SegmentKind::Large);
+            BLOCKS.init_segment_head(idx, base, size, self.index, SegmentKind::Large);
             BLOCKS.get(idx).set_place(Place::FreeShared);
             BLOCKS.get(idx).publish_free(base);
             ADDRESSES.set(base, idx);

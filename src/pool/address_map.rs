@@ -19,8 +19,9 @@
 //!   read while a writer changes it is harmless);
 //! - a removal closes its gap by moving later entries of the probe run back (no
 //!   tombstones), and a reader may then miss an entry it passed while it moved. So removals
-//!   bump `moves` (odd while one runs), and a reader that found nothing believes it only
-//!   when `moves` did not change meanwhile (a sequence lock around the misses);
+//!   that move entries bump `moves` (odd while one runs), and a reader that found nothing
+//!   believes it only when `moves` did not change meanwhile (a sequence lock around the
+//!   misses). A removal whose next slot is empty moves nothing and skips the bumps;
 //! - growing builds a new table and publishes it; the old one stays readable (and holds
 //!   every entry it held when it was replaced), so tables are never freed. They double, so
 //!   the retired ones together are smaller than the current one.
@@ -288,12 +289,18 @@ impl AddressMap {
         if !found {
             return;
         }
+        w.len -= 1;
+        if table.slot(i + 1).load(Ordering::Relaxed) == 0 {
+            // Nothing to move back: every run that passed through `i` ended at `i + 1`
+            // anyway, so no reader can miss an entry through this removal.
+            table.slot(i).store(0, Ordering::Release);
+            return;
+        }
         // The sequence lock's writer side: odd, then the moves, then even again.
         self.moves.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::Release);
         table.remove_at(i);
         self.moves.fetch_add(1, Ordering::Release);
-        w.len -= 1;
     }
 
     /// The current table, made (or replaced by one twice as large) so that it stays at most

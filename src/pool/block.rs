@@ -5,10 +5,11 @@
 //! so a stale index read by a racing free is still a valid record to look at; the record's
 //! atomic `tag` (address | state) tells whether it is still the block the caller thinks.
 //!
-//! Ownership of a record's plain fields ([`BlockData`]): the device pool's lock while the
-//! block is free in the pool, the owning thread while it sits in that thread's cache, and
-//! the program (through whichever thread frees it) while it is allocated. The hand-over
-//! points are the pool lock, and the Release store / AcqRel CAS on `tag`.
+//! Ownership of a record's plain fields ([`BlockData`], and [`BlockLinks`] in its cold
+//! half): the device pool's lock while the block is free in the pool, the owning thread
+//! while it sits in that thread's cache, and the program (through whichever thread frees
+//! it) while it is allocated. The hand-over points are the pool lock, and the Release
+//! store / AcqRel CAS on `tag`.
 //!
 //! Note [place is atomic]: a record's [`Place`] is read by other threads: the pool lock's
 //! holder asks a neighbour whether it is free to merge with (the neighbour may be a block in
@@ -159,9 +160,12 @@ impl BlockLinks {
 /// MB of records for 10⁵ blocks against 6.4 MB now (docs/BENCHMARKS.md, twenty-first
 /// session).
 ///
-/// Each record has a line of its own: records of blocks that different threads allocate
-/// and free at once would otherwise share lines, and every alloc/free writes its record
-/// (false sharing measured: per-thread cost ~4x with 4 threads, with records sharing lines).
+/// Each half has a line of its own: records of blocks that different threads allocate and
+/// free at once would otherwise share lines, and every alloc/free writes its record (false
+/// sharing measured: per-thread cost ~4x with 4 threads, with records sharing lines). The
+/// halves used to be aligned to 128 bytes, a pair of lines, against the adjacent-line
+/// prefetcher; at 64 bytes the 16-thread test on the H200 host moved within its noise
+/// (twenty-first session).
 #[repr(C, align(64))]
 pub struct Block {
     /// `ptr | TAG_ALLOCATED` while the program holds the block, `ptr | TAG_FREE` otherwise,

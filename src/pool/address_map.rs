@@ -442,4 +442,76 @@ mod tests {
             assert_eq!(m.get(a), None);
         }
     }
+
+    /// Two writers (as two pools would be) enter and remove starts while two readers look up,
+    /// without the map's lock, starts that stay entered throughout, which the writers'
+    /// removals move back through the runs they share. A smoke test of the lock-free reads
+    /// at scale; the narrow race of a reader passing a moving entry is the loom test's
+    /// (`address_map_finds_an_entry_a_removal_moves`), which fails without the sequence
+    /// lock where this one seldom would.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn readers_find_entries_that_writers_move() {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        static MAP: AddressMap = AddressMap::new();
+        static DONE: AtomicBool = AtomicBool::new(false);
+        const KEPT: u64 = 700;
+        const CHURNED: u64 = 300;
+        let kept = |k: u64| 0x7100_0000_0000 + (3 * k + 1) * 512;
+        for k in 0..KEPT {
+            assert!(MAP.set(kept(k), k as BlockIdx));
+        }
+        let writers: Vec<_> = (0..2u64)
+            .map(|w| {
+                std::thread::spawn(move || {
+                    // At most 700 + 2 × 150 entries: the table stays just under half of
+                    // its 2 048 slots, so runs are long and removals move entries often.
+                    let churned = |k: u64| 0x7100_0000_0000 + (3 * k + 2 + w) * 512;
+                    let mut present = [false; CHURNED as usize / 2];
+                    let mut x: u64 = 0x2545_f491_4f6c_dd1d ^ (w + 1);
+                    for _ in 0..300_000 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let k = (x >> 16) % (CHURNED / 2);
+                        if present[k as usize] {
+                            MAP.clear(churned(k));
+                        } else {
+                            assert!(MAP.set(churned(k), (KEPT + k) as BlockIdx));
+                        }
+                        present[k as usize] ^= true;
+                    }
+                    for k in 0..CHURNED / 2 {
+                        if present[k as usize] {
+                            MAP.clear(churned(k));
+                        }
+                    }
+                })
+            })
+            .collect();
+        let readers: Vec<_> = (0..2u64)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let mut rounds = 0u64;
+                    while !DONE.load(Relaxed) || rounds == 0 {
+                        for k in (r..KEPT).step_by(2) {
+                            assert_eq!(MAP.get(kept(k)), Some(k as BlockIdx), "start {k}");
+                        }
+                        rounds += 1;
+                    }
+                })
+            })
+            .collect();
+        for t in writers {
+            t.join().expect("a writer failed");
+        }
+        DONE.store(true, Relaxed);
+        for t in readers {
+            t.join().expect("a reader missed an entry");
+        }
+        for k in 0..KEPT {
+            MAP.clear(kept(k));
+        }
+        assert!(MAP.is_empty());
+    }
 }

@@ -176,9 +176,10 @@ pub struct Block {
     data: RecordCell<BlockData>,
 }
 
-/// The cold half of a record (Note [hot and cold records]).
+/// The cold half of a record (Note [hot and cold records]), reached through
+/// [`BlockTable::links`].
 #[repr(align(64))]
-pub struct BlockCold {
+struct BlockCold {
     links: RecordCell<BlockLinks>,
 }
 
@@ -194,16 +195,6 @@ impl BlockCold {
         BlockCold {
             links: RecordCell::new(BlockLinks::UNLINKED),
         }
-    }
-
-    /// The record's cold fields.
-    ///
-    /// # Safety
-    /// As [`Block::data`].
-    #[inline]
-    pub unsafe fn links(&self) -> RecordMut<'_, BlockLinks> {
-        // SAFETY: the caller's contract.
-        unsafe { self.links.get_mut() }
     }
 }
 
@@ -376,23 +367,21 @@ impl BlockTable {
         Some(unsafe { &(*chunk).hot[idx as usize & (CHUNK_LEN - 1)] })
     }
 
-    /// The cold half of the record at `idx` (Note [hot and cold records]). Panics on an
+    /// The cold fields of the record at `idx` (Note [hot and cold records]). Panics on an
     /// index the table never handed out (a bug).
-    #[inline]
-    pub fn cold(&self, idx: BlockIdx) -> &BlockCold {
-        let chunk = self.chunk(idx).expect("block index out of range");
-        // SAFETY: as in `try_get`.
-        unsafe { &(*chunk).cold[idx as usize & (CHUNK_LEN - 1)] }
-    }
-
-    /// The cold fields of the record at `idx`.
     ///
     /// # Safety
     /// As [`Block::data`].
     #[inline]
     pub unsafe fn links(&self, idx: BlockIdx) -> RecordMut<'_, BlockLinks> {
-        // SAFETY: the caller's contract.
-        unsafe { self.cold(idx).links() }
+        let chunk = self.chunk(idx).expect("block index out of range");
+        // SAFETY: chunks are never freed and the index is below `CHUNK_LEN`; access to
+        // the fields is the caller's contract.
+        unsafe {
+            (*chunk).cold[idx as usize & (CHUNK_LEN - 1)]
+                .links
+                .get_mut()
+        }
     }
 
     #[inline]

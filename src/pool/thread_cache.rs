@@ -24,8 +24,8 @@ use super::size_class::{class_of, ALIGNMENT};
 mod kept;
 
 use super::{pool_by_index, StreamRef, BLOCKS, MAX_POOLS};
-pub use kept::{kept_held_sum, KEPT_BATCH, KEPT_CLOSABLE_BYTES};
 use kept::{Kept, Ready, KEPT_BATCHES};
+pub use kept::{KEPT_BATCH, KEPT_CLOSABLE_BYTES};
 
 /// Bumped to ask every thread to flush its cache at its next call.
 pub static FLUSH_EPOCH: AtomicU64 = AtomicU64::new(0);
@@ -551,14 +551,25 @@ pub fn thread_counters(pool: u16) -> &'static ThreadCounters {
     ts.unwrap_or_else(orphan).counters(pool)
 }
 
-/// Sum of one level of one pool over every thread.
-pub fn sum_level(pool: u16, level: Level) -> i64 {
+/// Sum over every thread (and the orphan record) of one value of its counters for `pool`.
+fn sum_over_threads(pool: u16, value: impl Fn(&ThreadCounters) -> i64) -> i64 {
     REGISTRY
         .lock()
         .all
         .iter()
-        .map(|t| t.counters(pool).level(level))
+        .map(|t| value(t.counters(pool)))
         .sum()
+}
+
+/// Sum of one level of one pool over every thread.
+pub fn sum_level(pool: u16, level: Level) -> i64 {
+    sum_over_threads(pool, |c| c.level(level))
+}
+
+/// The bytes every thread holds in kept batches and ready bins for `pool` (Note [room
+/// beside stranded blocks] in `pool/alloc.rs`).
+pub fn kept_held_sum(pool: u16) -> i64 {
+    sum_over_threads(pool, ThreadCounters::kept_held)
 }
 
 /// Summed levels and counts of one pool.

@@ -430,14 +430,3 @@ impl ThreadCache {
         !covered && b.len > 0
     }
 }
-
-/// The bytes every thread holds in kept batches and ready bins for `pool` (Note [room
-/// beside stranded blocks] in `pool/alloc.rs`).
-pub fn kept_held_sum(pool: u16) -> i64 {
-    super::REGISTRY
-        .lock()
-        .all
-        .iter()
-        .map(|t| t.counters(pool).kept_held())
-        .sum()
-}
